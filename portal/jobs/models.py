@@ -1,0 +1,150 @@
+"""Jobs, their history of state changes, their dependencies and their output."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from portal.tenants.models import PRIORITY_CHOICES
+
+
+class JobState(models.TextChoices):
+    PENDING = "PENDING"
+    HELD = "HELD"
+    ASSIGNED = "ASSIGNED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+    PREEMPTED = "PREEMPTED"
+    LOST = "LOST"
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED, JobState.TIMED_OUT}
+)
+# States in which a job holds slices.
+HOLDING_STATES = frozenset({JobState.ASSIGNED, JobState.RUNNING})
+
+
+class GpuKind(models.TextChoices):
+    WHOLE = "whole"
+    MIG = "mig"
+    MPS = "mps"
+
+
+class Job(models.Model):
+    team = models.ForeignKey("tenants.Team", on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs"
+    )
+    name = models.CharField(max_length=128)
+    image = models.CharField(max_length=255)
+    command = models.JSONField(help_text="argv list")
+    env = models.JSONField(default=dict, blank=True)
+
+    # The GPU request.
+    gpu_kind = models.CharField(max_length=8, choices=GpuKind.choices)
+    gpu_count = models.PositiveIntegerField(default=1)
+    gpu_min_count = models.PositiveIntegerField(default=0, help_text="elastic minimum; 0 = rigid")
+    gpu_profile = models.CharField(max_length=32, blank=True)
+    gpu_model = models.CharField(max_length=128, blank=True)
+    multi_node = models.BooleanField(default=False)
+
+    priority = models.CharField(max_length=16, choices=PRIORITY_CHOICES, default="normal")
+    time_limit_s = models.PositiveIntegerField(null=True, blank=True)
+    preemptible = models.BooleanField(default=True)
+
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
+    attempt = models.PositiveIntegerField(default=0, help_text="0 until first assigned")
+    submitted_at = models.DateTimeField()
+    queued_since = models.DateTimeField(help_text="kept across requeues: the job's place")
+    assigned_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, help_text="why the job ended as it did")
+
+    # Where it runs now (ASSIGNED/RUNNING) or ran last.
+    node = models.ForeignKey(
+        "cluster.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs"
+    )
+    borrowed = models.BooleanField(default=False, help_text="placed above the team's guarantee")
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=16, blank=True)  # cancel | preempt | time_limit
+
+    # The scheduler's latest explanation while PENDING.
+    pending_code = models.CharField(max_length=32, blank=True)
+    pending_message = models.TextField(blank=True)
+    pending_numbers = models.JSONField(default=dict, blank=True)
+    queue_position = models.PositiveIntegerField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [
+            models.Index(fields=["state"]),
+            models.Index(fields=["team", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} {self.name}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class JobEvent(models.Model):
+    """One change of a job's state (or another notable thing that happened to it)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16)
+    attempt = models.PositiveIntegerField(default=0)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}: {self.from_state} -> {self.to_state}"
+
+
+class JobDependency(models.Model):
+    class Kind(models.TextChoices):
+        AFTER_OK = "after_ok"
+        AFTER_ANY = "after_any"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
+    depends_on = models.ForeignKey(Job, on_delete=models.PROTECT, related_name="dependents")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.AFTER_OK)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "depends_on"], name="one_dependency_per_pair")
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.kind} job {self.depends_on_id}"
+
+
+class JobLogChunk(models.Model):
+    """A piece of a job's output as the agent shipped it; (job, attempt, seq) makes it idempotent."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    attempt = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    data = models.TextField()
+    received_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["attempt", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "seq"], name="one_log_chunk_per_seq")
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}#{self.attempt} log {self.seq}"

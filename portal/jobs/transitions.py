@@ -1,0 +1,106 @@
+"""The one place that changes a job's state.
+
+Every change is a guarded conditional UPDATE (``... WHERE id = %s AND state = %s [AND attempt
+= %s]``): when zero rows match, someone else got there first and the caller is told so,
+instead of overwriting their change. Every change that happens is written as a JobEvent in
+the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.jobs.models import Job, JobEvent, JobState
+
+S = JobState
+
+# Which state may follow which. Anything else is a programming error, refused loudly.
+ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.PENDING: frozenset({S.ASSIGNED, S.HELD, S.CANCELLED, S.FAILED}),
+    S.HELD: frozenset({S.PENDING, S.CANCELLED, S.FAILED}),
+    # An agent's "finished" may overtake its "started": ASSIGNED may end directly.
+    S.ASSIGNED: frozenset(
+        {S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.PREEMPTED, S.LOST}
+    ),
+    S.RUNNING: frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT, S.PREEMPTED, S.LOST}),
+    S.PREEMPTED: frozenset({S.PENDING, S.FAILED}),
+    S.LOST: frozenset({S.PENDING, S.FAILED}),
+    S.SUCCEEDED: frozenset(),
+    S.FAILED: frozenset(),
+    S.CANCELLED: frozenset(),
+    S.TIMED_OUT: frozenset(),
+}
+
+
+class IllegalTransition(ValueError):
+    """Asked for a state change the state machine does not have."""
+
+
+def check_transition(from_state: str, to_state: str) -> None:
+    if to_state not in ALLOWED_TRANSITIONS.get(from_state, frozenset()):
+        allowed = ", ".join(sorted(ALLOWED_TRANSITIONS.get(from_state, ()))) or "none"
+        raise IllegalTransition(
+            f"a job cannot go from {from_state} to {to_state} (from {from_state}: {allowed})"
+        )
+
+
+def transition(
+    job_id: int,
+    *,
+    to: str,
+    from_states: Iterable[str],
+    attempt: int | None = None,
+    message: str = "",
+    at: datetime | None = None,
+    event_attempt: int | None = None,
+    **fields: Any,
+) -> str | None:
+    """Move job ``job_id`` to ``to`` if it is in one of ``from_states`` (and at ``attempt``).
+
+    ``fields`` are other columns to set in the same UPDATE. Returns the state the job left,
+    or None when it was in none of ``from_states`` (someone else changed it first).
+    """
+    sources = list(dict.fromkeys(from_states))
+    for source in sources:
+        check_transition(source, to)
+    when = at or timezone.now()
+    with transaction.atomic():
+        for source in sources:
+            rows = Job.objects.filter(pk=job_id, state=source)
+            if attempt is not None:
+                rows = rows.filter(attempt=attempt)
+            if rows.update(state=to, **fields):
+                if event_attempt is None:
+                    event_attempt = fields.get("attempt", attempt)
+                    if event_attempt is None:
+                        event_attempt = (
+                            Job.objects.filter(pk=job_id).values_list("attempt", flat=True).get()
+                        )
+                JobEvent.objects.create(
+                    job_id=job_id,
+                    at=when,
+                    from_state=source,
+                    to_state=to,
+                    attempt=event_attempt,
+                    message=message,
+                )
+                return source
+    return None
+
+
+def record_event(job_id: int, *, message: str, attempt: int, at: datetime | None = None) -> None:
+    """A notable thing that is not a state change (a preemption asked for, a stop sent)."""
+    state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()
+    JobEvent.objects.create(
+        job_id=job_id,
+        at=at or timezone.now(),
+        from_state=state,
+        to_state=state,
+        attempt=attempt,
+        message=message,
+    )

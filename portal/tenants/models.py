@@ -1,0 +1,74 @@
+"""Teams (tenants), their quotas in GPU units, and who belongs to them."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+
+PRIORITY_CLASSES = ("low", "normal", "high")  # lowest first, as the scheduler reads them
+PRIORITY_CHOICES = [(name, name) for name in PRIORITY_CLASSES]
+
+
+class Team(models.Model):
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[
+            RegexValidator(r"^[a-z0-9][a-z0-9_-]*$", "lower-case letters, digits, - and _")
+        ],
+    )
+    description = models.CharField(max_length=200, blank=True)
+    # Fair-share weight among teams with waiting work.
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.0)])
+    # GPU units the team always gets back (nominal quota), and the most it may hold.
+    guaranteed_units = models.FloatField(default=0.0, validators=[MinValueValidator(0.0)])
+    limit_units = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0)], help_text="empty = no limit"
+    )
+    max_priority = models.CharField(max_length=16, choices=PRIORITY_CHOICES, default="normal")
+    member_limit_units = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0)], help_text="empty = no limit"
+    )
+    budget_gpu_hours = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0)],
+        help_text="GPU-unit-hours per calendar month; empty = no budget",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(limit_units__isnull=True)
+                | models.Q(limit_units__gte=models.F("guaranteed_units")),
+                name="team_limit_not_below_guarantee",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member", "member"
+        ADMIN = "admin", "team admin"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["team__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="one_membership_per_team_user")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.team} ({self.role})"

@@ -1,0 +1,77 @@
+"""The scheduling policy's knobs, with the defaults the README documents."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class Policy(enum.StrEnum):
+    FAIRSHARE = "fairshare"  # the portal's policy: everything below
+    FIFO = "fifo"  # baseline: submit order, no backfill, no preemption
+    FIFO_BACKFILL = "fifo_backfill"  # baseline: submit order with reservation backfill
+
+
+def _default_priority_classes() -> tuple[str, ...]:
+    return ("low", "normal", "high")
+
+
+def _no_model_weights() -> Mapping[str, float]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    policy: Policy = Policy.FAIRSHARE
+    # Priority classes, lowest first.
+    priority_classes: tuple[str, ...] = field(default_factory=_default_priority_classes)
+    # Fair share: usage half-life in seconds (7 days).
+    usage_half_life_s: float = 7 * 24 * 3600.0
+    # Aging: a waiting job's effective standing improves by this much per hour waited, so
+    # nothing starves (see the README for the bound).
+    aging_per_hour: float = 0.05
+    backfill: bool = True
+    # Preemption.
+    reclaim: bool = True  # take borrowed capacity back for a team under its guarantee
+    preempt_by_priority: bool = False
+    min_run_time_s: float = 60.0  # a job runs at least this long before it can be a victim
+    grace_period_s: float = 30.0  # victims get this long to stop
+    # Billing weight of one GPU unit per GPU model (missing models weigh 1.0).
+    model_weights: Mapping[str, float] = field(default_factory=_no_model_weights)
+    # Explanations (reasons, positions, ETAs) for every pending job; replays may switch off.
+    explain: bool = True
+    # Fair share: how much a team's decayed history counts next to what it holds now, both in
+    # GPU units (history as "average units held lately", see ``units.decayed_rate``).
+    # 0 = only what it holds now; 1 = history weighs as much as the present.
+    history_weight: float = 0.5
+    # A job asking for a class above its team's ``max_priority``: False leaves it pending
+    # with PRIORITY_NOT_ALLOWED (the portal should refuse it at submit); True runs it at the
+    # team's highest allowed class.
+    clamp_priority: bool = False
+    # Backfill reservations per pass: the first N blocked jobs (in order) each reserve slices
+    # (1 = EASY backfill; 0 = backfill without protection, like ``backfill=False`` only
+    # greedier).
+    max_reservations: int = 1
+
+    def __post_init__(self) -> None:
+        _check(len(self.priority_classes) > 0, "priority_classes", "at least one class name")
+        _check(
+            len(set(self.priority_classes)) == len(self.priority_classes),
+            "priority_classes",
+            "distinct names",
+        )
+        _check(self.usage_half_life_s >= 0, "usage_half_life_s", "a number >= 0")
+        _check(self.aging_per_hour >= 0, "aging_per_hour", "a number >= 0")
+        _check(self.min_run_time_s >= 0, "min_run_time_s", "a number >= 0")
+        _check(self.grace_period_s >= 0, "grace_period_s", "a number >= 0")
+        _check(self.history_weight >= 0, "history_weight", "a number >= 0")
+        _check(self.max_reservations >= 0, "max_reservations", "an integer >= 0")
+        for model, weight in self.model_weights.items():
+            _check(weight > 0, f"model_weights[{model!r}]", "a number > 0")
+
+
+def _check(ok: bool, field_name: str, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"SchedulerConfig.{field_name}: must be {allowed}")

@@ -1,0 +1,226 @@
+"""The data the scheduling core takes and returns.
+
+Everything here is a frozen dataclass of plain values: the portal builds a ``Snapshot`` from
+its database, the simulator builds one from a trace, and both call the same
+``scheduler.schedule(snapshot, now=..., config=...)``. Nothing in this package reads a clock,
+a database or a random source of its own.
+
+Identifiers (job ids, slice ids, node names, team and user names) are strings, so the core
+never depends on how the caller numbers things.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+# A MIG instance is worth its compute slices / 7 of a whole GPU.
+MIG_COMPUTE_SLICES_PER_GPU = 7
+
+
+class SliceKind(enum.StrEnum):
+    """What a slice of a physical GPU is."""
+
+    WHOLE = "whole"
+    MIG = "mig"
+    MPS = "mps"
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One allocatable thing: a whole GPU, a MIG instance or an MPS share of a GPU.
+
+    ``units`` is what the slice counts for in quotas and fair share (whole = 1.0, MIG =
+    compute slices / 7, MPS = its fraction of the GPU).
+    """
+
+    id: str
+    node: str
+    gpu: str
+    kind: SliceKind
+    units: float
+    model: str = ""
+    profile: str = ""  # MIG profile such as "1g.10gb"; empty for whole GPUs and MPS shares
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    slices: tuple[Slice, ...]
+    schedulable: bool = True  # False when the node is drained or its agent is lost
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """What a job asks for: ``count`` slices of one kind.
+
+    An elastic gang has ``min_count`` < ``count``: it starts with at least ``min_count`` and
+    takes up to ``count``. A rigid request has ``min_count == count`` (or ``min_count`` 0,
+    read as equal to ``count``).
+    """
+
+    kind: SliceKind
+    count: int = 1
+    profile: str = ""  # required for MIG
+    model: str = ""  # optional GPU model constraint
+    min_count: int = 0
+    multi_node: bool = False
+
+    @property
+    def minimum(self) -> int:
+        return self.min_count if 0 < self.min_count <= self.count else self.count
+
+
+class DependencyKind(enum.StrEnum):
+    AFTER_OK = "after_ok"  # start only after the other job succeeded
+    AFTER_ANY = "after_any"  # start after the other job ended, whatever its end
+
+
+@dataclass(frozen=True, slots=True)
+class Dependency:
+    job_id: str
+    kind: DependencyKind = DependencyKind.AFTER_OK
+
+
+class DependencyState(enum.StrEnum):
+    """How a job that others depend on stands, as far as dependencies care."""
+
+    WAITING = "waiting"  # not ended yet (pending, running, ...)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # ended without success (failed, cancelled, timed out)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job waiting to be placed (or, inside ``RunningJob``, one that holds slices)."""
+
+    id: str
+    team: str
+    user: str
+    request: GpuRequest
+    submitted_at: float
+    priority: str = "normal"
+    time_limit_s: float | None = None
+    preemptible: bool = True  # the user allows preemption; False makes it a never-victim
+    depends_on: tuple[Dependency, ...] = ()
+    # When the job first became eligible to queue (requeued jobs keep their first value so a
+    # preempted job keeps its place in the order).
+    queued_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job that holds slices now (assigned or running)."""
+
+    job: Job
+    node: str
+    slice_ids: tuple[str, ...]
+    started_at: float
+    borrowed: bool = False  # placed above the team's guarantee: reclaimable
+    # Set when a preemption was already decided and the job is in its grace period.
+    preempting_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Team:
+    name: str
+    weight: float = 1.0
+    guaranteed: float = 0.0  # GPU units the team always gets back (nominal quota)
+    limit: float | None = None  # GPU units it may hold at most; None = no limit
+    max_priority: str = "normal"
+    # Decayed GPU-unit-seconds charged to the team, as of the snapshot's ``now``.
+    usage: float = 0.0
+    member_limit: float | None = None  # GPU units one member may hold at most
+    budget_gpu_hours: float | None = None  # per period; None = no budget
+    used_gpu_hours: float = 0.0  # in the current budget period
+
+
+def _empty_usage() -> Mapping[tuple[str, str], float]:
+    return MappingProxyType({})
+
+
+def _empty_states() -> Mapping[str, DependencyState]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Everything the core may look at for one pass."""
+
+    nodes: tuple[Node, ...]
+    teams: Mapping[str, Team]
+    pending: tuple[Job, ...]
+    running: tuple[RunningJob, ...] = ()
+    # Decayed usage of each (team, user), as of ``now``.
+    user_usage: Mapping[tuple[str, str], float] = field(default_factory=_empty_usage)
+    # States of the jobs that pending jobs depend on.
+    dependency_states: Mapping[str, DependencyState] = field(default_factory=_empty_states)
+
+
+# --- decisions -------------------------------------------------------------------------
+
+
+class PendingCode(enum.StrEnum):
+    QUOTA_LIMIT = "QUOTA_LIMIT"
+    MEMBER_LIMIT = "MEMBER_LIMIT"
+    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
+    NO_FIT = "NO_FIT"
+    NO_MATCHING_SLICES = "NO_MATCHING_SLICES"  # the cluster has no such slice at all
+    WAITING_FOR_RESERVATION = "WAITING_FOR_RESERVATION"
+    RESERVED = "RESERVED"  # this job holds the reservation; it starts when slices free up
+    DEPENDENCY = "DEPENDENCY"
+    FAIR_SHARE = "FAIR_SHARE"  # others come first in the fair-share order
+    PRIORITY_NOT_ALLOWED = "PRIORITY_NOT_ALLOWED"
+    WAITING_FOR_PREEMPTION = "WAITING_FOR_PREEMPTION"  # victims are in their grace period
+    NOT_EXPLAINED = "NOT_EXPLAINED"  # explanations switched off (simulator replays)
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    code: PendingCode
+    message: str  # for people: "team uses 6.0 of 8.0 units, job needs 4.0"
+    numbers: Mapping[str, float | str] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    job_id: str
+    node: str
+    slice_ids: tuple[str, ...]
+    borrowed: bool = False  # above the team's guarantee, so preemptible by reclaim
+    # Every node a multi-node gang spans, ``node`` first; empty for a single-node job (then
+    # all ``slice_ids`` are on ``node``).
+    nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    job_id: str
+    reason: str
+    for_job_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    job_id: str
+    reason: Reason
+    position: int  # 1-based place in the order of pending jobs
+    eta: float | None = None  # estimated start, same clock as ``now``; None when unknown
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """A pending job that can never run (its ``after_ok`` dependency failed)."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decisions:
+    assign: tuple[Assign, ...] = ()
+    preempt: tuple[Preempt, ...] = ()
+    pending: tuple[Pending, ...] = ()
+    fail: tuple[Fail, ...] = ()

@@ -1,0 +1,40 @@
+"""Shared test set-up: which real services this run has, and what to do when one is missing.
+
+PostgreSQL is used when DATABASE_URL points at it, Redis when REDIS_URL is set. A test that
+needs one of them skips without it, unless PORTAL_REQUIRE_SERVICES=1 (CI), where a missing
+service fails the run instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def require_service(what: str) -> None:
+    """Skip (or, when services are required, fail) a test that needs a missing service."""
+    if os.environ.get("PORTAL_REQUIRE_SERVICES", "").strip().lower() in {"1", "true", "yes", "on"}:
+        pytest.fail(f"{what} is required (PORTAL_REQUIRE_SERVICES=1) but not available")
+    pytest.skip(f"{what} not available")
+
+
+@pytest.fixture
+def postgres_db(settings) -> None:  # noqa: ANN001 - pytest-django's settings fixture
+    """For tests that only make sense on PostgreSQL (races, advisory locks)."""
+    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+        require_service("PostgreSQL (set DATABASE_URL=postgres://...)")
+
+
+@pytest.fixture
+def redis_url() -> str:
+    url = os.environ.get("REDIS_URL", "").strip()
+    if not url:
+        require_service("Redis (set REDIS_URL=redis://...)")
+    import redis
+
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=2).ping()
+    except redis.RedisError as error:
+        require_service(f"Redis at {url} ({error})")
+    return url
