@@ -1,0 +1,192 @@
+"""A small stand-in for the pynvml module, passed to `discover(nvml=...)` in tests.
+
+It answers the NVML calls the agent makes, with the shapes pynvml returns (structs with the
+same attribute names, lists, bytes or str), for GPUs the test describes. It is not NVML:
+it only knows what the test tells it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+MIB = 1024 * 1024
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+
+
+class NVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return {
+            NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+            NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+            NVML_ERROR_NOT_FOUND: "Not Found",
+            NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        }.get(self.value, f"NVML error {self.value}")
+
+
+# GPU instance profiles of an A100 80GB: profile index -> (profile id, name), as NVML
+# reports them through nvmlDeviceGetGpuInstanceProfileInfo (v2 structs carry the name).
+A100_80GB_PROFILES = {
+    0: (19, "MIG 1g.10gb"),
+    1: (14, "MIG 2g.20gb"),
+    2: (9, "MIG 3g.40gb"),
+    3: (5, "MIG 4g.40gb"),
+    4: (0, "MIG 7g.80gb"),
+    7: (15, "MIG 1g.10gb+me"),
+    9: (20, "MIG 1g.20gb"),
+}
+
+
+@dataclass
+class FakeMig:
+    uuid: str
+    profile_id: int
+    gpu_instance_id: int
+    gpu_slices: int
+    compute_slices: int
+    memory_mb: int
+    name: str  # what nvmlDeviceGetName returns for the MIG device
+    used_mb: int = 0
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA A100-SXM4-80GB"
+    memory_mb: int = 81920
+    mig_capable: bool = True
+    mig_enabled: bool = False
+    mig_slots: list[FakeMig | None] = field(default_factory=list)  # by MIG device index
+    used_mb: int = 0
+    util_pct: int = 0
+
+
+class FakeNvml:
+    NVMLError = NVMLError
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver_loaded: bool = True,
+        instance_queries_allowed: bool = True,
+        profiles: dict[int, tuple[int, str]] | None = None,
+    ) -> None:
+        self.gpus = gpus
+        self.driver_loaded = driver_loaded
+        self.instance_queries_allowed = instance_queries_allowed
+        self.profiles = A100_80GB_PROFILES if profiles is None else profiles
+        self.init_calls = 0
+        self.shutdown_calls = 0
+
+    # --- library ----------------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if not self.driver_loaded:
+            raise NVMLError(NVML_ERROR_DRIVER_NOT_LOADED)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_calls += 1
+
+    # --- devices (handles are tuples: ("gpu", i) or ("mig", i, slot)) ----------------------
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
+        return ("gpu", index)
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple:
+        for i, gpu in enumerate(self.gpus):
+            if gpu.uuid == uuid:
+                return ("gpu", i)
+            for slot, mig in enumerate(gpu.mig_slots):
+                if mig is not None and mig.uuid == uuid:
+                    return ("mig", i, slot)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def _gpu(self, handle: tuple) -> FakeGpu:
+        return self.gpus[handle[1]]
+
+    def _mig(self, handle: tuple) -> FakeMig:
+        mig = self._gpu(handle).mig_slots[handle[2]]
+        assert mig is not None
+        return mig
+
+    def nvmlDeviceGetUUID(self, handle: tuple) -> str | bytes:
+        if handle[0] == "mig":
+            return self._mig(handle).uuid
+        return self._gpu(handle).uuid.encode()  # older pynvml releases return bytes
+
+    def nvmlDeviceGetName(self, handle: tuple) -> str:
+        return self._mig(handle).name if handle[0] == "mig" else self._gpu(handle).name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple) -> SimpleNamespace:
+        if handle[0] == "mig":
+            mig = self._mig(handle)
+            return SimpleNamespace(total=mig.memory_mb * MIB, used=mig.used_mb * MIB)
+        gpu = self._gpu(handle)
+        return SimpleNamespace(total=gpu.memory_mb * MIB, used=gpu.used_mb * MIB)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: tuple) -> SimpleNamespace:
+        if handle[0] == "mig":
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=self._gpu(handle).util_pct, memory=0)
+
+    # --- MIG --------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: tuple) -> list[int]:
+        gpu = self._gpu(handle)
+        if not gpu.mig_capable:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        mode = 1 if gpu.mig_enabled else 0
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: tuple) -> int:
+        return 7 if self._gpu(handle).mig_capable else 0
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: tuple, index: int) -> tuple:
+        slots = self._gpu(handle).mig_slots
+        if index >= len(slots) or slots[index] is None:
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return ("mig", handle[1], index)
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: tuple, profile: int) -> SimpleNamespace:
+        if profile not in self.profiles:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        profile_id, name = self.profiles[profile]
+        return SimpleNamespace(id=profile_id, name=name.encode())
+
+    def nvmlDeviceGetGpuInstanceId(self, mig_handle: tuple) -> int:
+        return self._mig(mig_handle).gpu_instance_id
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: tuple, instance_id: int) -> tuple:
+        if not self.instance_queries_allowed:
+            raise NVMLError(NVML_ERROR_NO_PERMISSION)
+        return ("gi", handle[1], instance_id)
+
+    def nvmlGpuInstanceGetInfo(self, instance: tuple) -> SimpleNamespace:
+        gpu = self.gpus[instance[1]]
+        for mig in gpu.mig_slots:
+            if mig is not None and mig.gpu_instance_id == instance[2]:
+                return SimpleNamespace(id=instance[2], profileId=mig.profile_id)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetAttributes(self, mig_handle: tuple) -> SimpleNamespace:
+        mig = self._mig(mig_handle)
+        return SimpleNamespace(
+            gpuInstanceSliceCount=mig.gpu_slices,
+            computeInstanceSliceCount=mig.compute_slices,
+            memorySizeMB=mig.memory_mb,
+        )

@@ -1,0 +1,177 @@
+"""The exact request the Docker launcher sends to the engine, per slice kind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_doubles import GPU_0, GPU_3, MIG_1, MIG_SLICE, MPS_SHARE, WHOLE_GPU, make_launch
+from docker.types import DeviceRequest
+
+from workers.launch import job_environment
+from workers.launchers.docker import DockerLauncher, DockerRun, container_request
+from workers.protocol import Device
+
+ROOT = Path("/var/lib/portal/mps")
+GPU_1 = "GPU-1d1d1d1d-0000-4000-8000-000000000001"
+
+
+def request_for(*devices: Device, network: str | None = None) -> dict[str, Any]:
+    launch = make_launch(["python", "-c", "print(1)"], job_id=42, attempt=1, devices=devices)
+    env = job_environment(launch, mps_root=ROOT)
+    return container_request(launch, env=env, mps_root=ROOT, node="gpu-7", network=network)
+
+
+LABELS = {"portal.job_id": "42", "portal.attempt": "1", "portal.node": "gpu-7"}
+
+
+def test_whole_gpus_are_requested_by_uuid() -> None:
+    second = Device(slice_id="gpu-7/1", kind="whole", gpu_uuid=GPU_1, gpu_index=1)
+    assert request_for(WHOLE_GPU, second) == {
+        "image": "python:3.11-slim",
+        "command": ["python", "-c", "print(1)"],
+        "environment": {
+            "CUDA_VISIBLE_DEVICES": f"{GPU_0},{GPU_1}",
+            "NVIDIA_VISIBLE_DEVICES": f"{GPU_0},{GPU_1}",
+            "PORTAL_JOB_ID": "42",
+            "PORTAL_JOB_ATTEMPT": "1",
+        },
+        "name": "portal-job-42-1",
+        "labels": LABELS,
+        "device_requests": [
+            DeviceRequest(driver="nvidia", device_ids=[GPU_0, GPU_1], capabilities=[["gpu"]])
+        ],
+        "auto_remove": False,
+        "stdin_open": False,
+        "tty": False,
+    }
+
+
+def test_the_device_request_is_the_engine_json_the_nvidia_runtime_reads() -> None:
+    (device_request,) = request_for(WHOLE_GPU)["device_requests"]
+    assert dict(device_request) == {
+        "Driver": "nvidia",
+        "Count": 0,
+        "DeviceIDs": [GPU_0],
+        "Capabilities": [["gpu"]],
+        "Options": {},
+    }
+
+
+def test_a_mig_slice_is_requested_by_its_mig_uuid() -> None:
+    request = request_for(MIG_SLICE)
+    assert request["device_requests"] == [
+        DeviceRequest(driver="nvidia", device_ids=[MIG_1], capabilities=[["gpu"]])
+    ]
+    assert request["environment"]["CUDA_VISIBLE_DEVICES"] == MIG_1
+    assert "ipc_mode" not in request and "volumes" not in request
+
+
+def test_mps_shares_get_their_gpu_host_ipc_and_the_pipe_directory_mounted() -> None:
+    second_share = Device(**{**MPS_SHARE.to_dict(), "slice_id": "gpu-7/3/mps/1"})
+    request = request_for(MPS_SHARE, second_share)
+    pipe = f"/var/lib/portal/mps/{GPU_3}/pipe"
+    assert request["device_requests"] == [
+        DeviceRequest(driver="nvidia", device_ids=[GPU_3], capabilities=[["gpu"]])
+    ]
+    assert request["ipc_mode"] == "host"
+    assert request["volumes"] == {pipe: {"bind": pipe, "mode": "rw"}}
+    assert request["environment"] == {
+        "CUDA_VISIBLE_DEVICES": GPU_3,
+        "CUDA_MPS_PIPE_DIRECTORY": pipe,
+        "CUDA_MPS_LOG_DIRECTORY": f"/var/lib/portal/mps/{GPU_3}/log",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40960M",
+        "PORTAL_JOB_ID": "42",
+        "PORTAL_JOB_ATTEMPT": "1",
+    }
+
+
+def test_a_configured_network_is_passed_as_network_mode() -> None:
+    assert request_for(WHOLE_GPU, network="none")["network_mode"] == "none"
+    assert "network_mode" not in request_for(WHOLE_GPU)
+
+
+class RecordingContainer:
+    id = "c0ffee"
+    status = "running"
+
+    def __init__(self, start_error: Exception | None = None) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.start_error = start_error
+
+    def start(self) -> None:
+        self.calls.append(("start", {}))
+        if self.start_error is not None:
+            raise self.start_error
+
+    def logs(self, **kwargs: Any) -> list[bytes]:
+        self.calls.append(("logs", kwargs))
+        return [b"hi\n"]
+
+    def wait(self) -> dict[str, int]:
+        return {"StatusCode": 3}
+
+    def reload(self) -> None:
+        self.status = "exited"
+
+    def stop(self, **kwargs: Any) -> None:
+        self.calls.append(("stop", kwargs))
+
+    def remove(self, **kwargs: Any) -> None:
+        self.calls.append(("remove", kwargs))
+
+
+class RecordingClient:
+    def __init__(self, start_error: Exception | None = None) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.container = RecordingContainer(start_error)
+        self.containers = self
+
+    def create(self, **kwargs: Any) -> RecordingContainer:
+        self.created.append(kwargs)
+        return self.container
+
+
+def test_the_launcher_sends_exactly_the_built_request() -> None:
+    client = RecordingClient()
+    launcher = DockerLauncher(node="gpu-7", mps_root=ROOT, client=client)
+    launch = make_launch(["python", "-c", "print(1)"], job_id=42, attempt=1, env={"SEED": "1"})
+    run = launcher.start(launch)
+    expected = request_for(WHOLE_GPU)
+    expected["environment"] = {"SEED": "1", **expected["environment"]}
+    assert client.created == [expected]
+    assert client.container.calls == [("start", {})]
+    assert (run.container_id, run.pid) == ("c0ffee", None)
+
+
+def test_a_container_that_fails_to_start_is_removed() -> None:
+    client = RecordingClient(start_error=RuntimeError('could not select device driver "nvidia"'))
+    launcher = DockerLauncher(node="gpu-7", mps_root=ROOT, client=client)
+    with pytest.raises(RuntimeError, match="nvidia"):
+        launcher.start(make_launch(["true"]))
+    assert client.container.calls == [("start", {}), ("remove", {"force": True})]
+
+
+def test_a_container_run_streams_logs_reports_the_exit_code_and_is_removed() -> None:
+    container = RecordingContainer()
+    run = DockerRun(container)
+    assert list(run.output()) == [b"hi\n"]
+    assert run.wait() == 3
+    assert run.has_exited()
+    run.release()
+    assert container.calls == [
+        ("logs", {"stream": True, "follow": True, "stdout": True, "stderr": True}),
+        ("remove", {"force": True}),
+    ]
+
+
+def test_terminate_stops_the_container_with_the_grace_as_timeout() -> None:
+    container = RecordingContainer()
+    DockerRun(container).terminate(2.5)
+    deadline = time.monotonic() + 5
+    while not container.calls and time.monotonic() < deadline:
+        time.sleep(0.01)  # docker stop runs on its own thread
+    assert container.calls == [("stop", {"timeout": 3})]
