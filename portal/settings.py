@@ -135,6 +135,8 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
+# whitenoise warns at every start when the folder is missing, even with finders on.
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # Serve from the finders too, so `make run` needs no collectstatic step.
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -171,6 +173,46 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # the work up on its next pass anyway.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 5}
 CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
+
+# Scheduling policy and recovery timers (docs/scheduling-shell.md describes each one).
+try:
+    from portal.scheduling.config import scheduler_knobs_from_env
+
+    # The core's SchedulerConfig knobs (PORTAL_SCHED_*), validated here so a bad value stops
+    # the process at start.
+    SCHEDULER = scheduler_knobs_from_env(usage_half_life_s=USAGE_HALF_LIFE_S)
+    # How often the reaper looks for lost agents and lost messages.
+    REAP_INTERVAL_S = env_float("PORTAL_REAP_INTERVAL_S", 5.0, minimum=0.5)
+    # A job ASSIGNED this long without a `started` gets its launch message again (agents
+    # ignore a repeat), and a stop not answered this long is sent again.
+    LAUNCH_RESEND_S = env_float("PORTAL_LAUNCH_RESEND_S", 30.0, minimum=1.0)
+    STOP_RESEND_S = env_float("PORTAL_STOP_RESEND_S", 30.0, minimum=1.0)
+    # A job ASSIGNED this long that never started (the image pull hangs, the agent cannot
+    # launch it) is treated as lost and requeued.
+    LAUNCH_TIMEOUT_S = env_float("PORTAL_LAUNCH_TIMEOUT_S", 900.0, minimum=1.0)
+    # A RUNNING job missing from its agent's heartbeat for longer than this after its start
+    # is lost (the agent restarted without it); the margin covers reports processed out of order.
+    RECONCILE_GRACE_S = env_float("PORTAL_RECONCILE_GRACE_S", 10.0, minimum=0.0)
+    # A pass asked for by a trigger is skipped when another pass took its snapshot after
+    # the request; one that finds the lock held retries after this long.
+    SCHEDULE_RETRY_S = env_float("PORTAL_SCHEDULE_RETRY_S", 0.25, minimum=0.01)
+except ConfigError as error:
+    sys.stderr.write(f"portal: configuration error: {error}\n")
+    raise SystemExit(2) from None
+
+CELERY_BEAT_SCHEDULE = {
+    "schedule-pass": {
+        "task": "portal.schedule_pass",
+        "schedule": SCHEDULE_INTERVAL_S,
+        # A pass that could not run in time is replaced by the next one, not queued up.
+        "options": {"queue": "control", "expires": SCHEDULE_INTERVAL_S},
+    },
+    "reap-lost-agents": {
+        "task": "portal.reap_lost_agents",
+        "schedule": REAP_INTERVAL_S,
+        "options": {"queue": "control", "expires": REAP_INTERVAL_S},
+    },
+}
 
 LOGGING = {
     "version": 1,

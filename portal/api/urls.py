@@ -1,4 +1,13 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from portal.api import views
 
 app_name = "api"
-urlpatterns: list = []
+urlpatterns = [
+    path("jobs/", views.JobListView.as_view(), name="job_list"),
+    path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="job_detail"),
+    path("jobs/<int:job_id>/log/", views.JobLogView.as_view(), name="job_log"),
+    path("jobs/<int:job_id>/cancel/", views.JobCancelView.as_view(), name="job_cancel"),
+    path("teams/", views.TeamListView.as_view(), name="team_list"),
+    path("teams/<str:name>/", views.TeamDetailView.as_view(), name="team_detail"),
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from django.db import transaction
 
@@ -20,7 +21,10 @@ def request_schedule_pass() -> None:
     from portal.celery import app
 
     try:
-        app.send_task(SCHEDULE_PASS_TASK, queue="control", expires=30)
+        # requested_at lets the task see that a later pass already covered this request.
+        app.send_task(
+            SCHEDULE_PASS_TASK, kwargs={"requested_at": time.time()}, queue="control", expires=30
+        )
     except Exception as error:  # noqa: BLE001 - any broker failure is the same to us
         log.warning("could not ask for a scheduling pass (the beat loop will run it): %s", error)
 

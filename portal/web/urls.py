@@ -1,4 +1,23 @@
-from django.urls import path  # noqa: F401
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from portal.web import views
 
 app_name = "web"
-urlpatterns: list = []
+urlpatterns = [
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="web/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.job_list, name="job_list"),
+    path("jobs/new/", views.job_submit_view, name="job_submit"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
+    path("teams/", views.team_list, name="team_list"),
+    path("teams/<str:name>/", views.team_detail, name="team_detail"),
+    path("teams/<str:name>/quota/", views.team_quota, name="team_quota"),
+]

@@ -6,37 +6,61 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tenants', '0001_initial'),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='UsageRecord',
+            name="UsageRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveIntegerField()),
-                ('gpu_units', models.FloatField()),
-                ('started_at', models.DateTimeField()),
-                ('ended_at', models.DateTimeField()),
-                ('unit_seconds', models.FloatField()),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField()),
+                ("gpu_units", models.FloatField()),
+                ("started_at", models.DateTimeField()),
+                ("ended_at", models.DateTimeField()),
+                ("unit_seconds", models.FloatField()),
             ],
             options={
-                'ordering': ['-ended_at'],
+                "ordering": ["-ended_at"],
             },
         ),
         migrations.CreateModel(
-            name='UsageBalance',
+            name="UsageBalance",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('unit_seconds', models.FloatField(default=0.0)),
-                ('as_of', models.DateTimeField()),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='balances', to='tenants.team')),
-                ('user', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("unit_seconds", models.FloatField(default=0.0)),
+                ("as_of", models.DateTimeField()),
+                (
+                    "team",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="balances",
+                        to="tenants.team",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
     ]

@@ -6,42 +6,63 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('accounting', '0001_initial'),
-        ('jobs', '0001_initial'),
-        ('tenants', '0001_initial'),
+        ("accounting", "0001_initial"),
+        ("jobs", "0001_initial"),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='usagerecord',
-            name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='usage_records', to='jobs.job'),
+            model_name="usagerecord",
+            name="job",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="usage_records",
+                to="jobs.job",
+            ),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='team',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='usage_records', to='tenants.team'),
+            model_name="usagerecord",
+            name="team",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="usage_records",
+                to="tenants.team",
+            ),
         ),
         migrations.AddField(
-            model_name='usagerecord',
-            name='user',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='usage_records', to=settings.AUTH_USER_MODEL),
+            model_name="usagerecord",
+            name="user",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="usage_records",
+                to=settings.AUTH_USER_MODEL,
+            ),
         ),
         migrations.AddConstraint(
-            model_name='usagebalance',
-            constraint=models.UniqueConstraint(condition=models.Q(('user__isnull', True)), fields=('team',), name='one_team_balance'),
+            model_name="usagebalance",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("user__isnull", True)),
+                fields=("team",),
+                name="one_team_balance",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='usagebalance',
-            constraint=models.UniqueConstraint(condition=models.Q(('user__isnull', False)), fields=('team', 'user'), name='one_user_balance_per_team'),
+            model_name="usagebalance",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("user__isnull", False)),
+                fields=("team", "user"),
+                name="one_user_balance_per_team",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='usagerecord',
-            constraint=models.UniqueConstraint(fields=('job', 'attempt'), name='one_usage_record_per_attempt'),
+            model_name="usagerecord",
+            constraint=models.UniqueConstraint(
+                fields=("job", "attempt"), name="one_usage_record_per_attempt"
+            ),
         ),
     ]

@@ -4,69 +4,114 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Allocation',
+            name="Allocation",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveIntegerField()),
-                ('created_at', models.DateTimeField()),
-                ('released_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField()),
+                ("created_at", models.DateTimeField()),
+                ("released_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Gpu',
+            name="Gpu",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('uuid', models.CharField(max_length=64, unique=True)),
-                ('index', models.PositiveIntegerField()),
-                ('model', models.CharField(blank=True, max_length=128)),
-                ('memory_mb', models.PositiveIntegerField(blank=True, null=True)),
-                ('mode', models.CharField(choices=[('whole', 'Whole'), ('mig', 'Mig'), ('mps', 'Mps')], default='whole', max_length=8)),
-                ('present', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("uuid", models.CharField(max_length=64, unique=True)),
+                ("index", models.PositiveIntegerField()),
+                ("model", models.CharField(blank=True, max_length=128)),
+                ("memory_mb", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "mode",
+                    models.CharField(
+                        choices=[("whole", "Whole"), ("mig", "Mig"), ("mps", "Mps")],
+                        default="whole",
+                        max_length=8,
+                    ),
+                ),
+                ("present", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['node__name', 'index'],
+                "ordering": ["node__name", "index"],
             },
         ),
         migrations.CreateModel(
-            name='Node',
+            name="Node",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128, unique=True)),
-                ('hostname', models.CharField(blank=True, max_length=255)),
-                ('state', models.CharField(choices=[('ready', 'Ready'), ('lost', 'Lost'), ('drained', 'Drained')], default='ready', max_length=16)),
-                ('driver', models.CharField(blank=True, help_text='nvml or described', max_length=16)),
-                ('agent_version', models.CharField(blank=True, max_length=32)),
-                ('last_heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('registered_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=128, unique=True)),
+                ("hostname", models.CharField(blank=True, max_length=255)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[("ready", "Ready"), ("lost", "Lost"), ("drained", "Drained")],
+                        default="ready",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "driver",
+                    models.CharField(blank=True, help_text="nvml or described", max_length=16),
+                ),
+                ("agent_version", models.CharField(blank=True, max_length=32)),
+                ("last_heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("registered_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Slice',
+            name="Slice",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(max_length=128, unique=True)),
-                ('kind', models.CharField(choices=[('whole', 'Whole'), ('mig', 'Mig'), ('mps', 'Mps')], max_length=8)),
-                ('profile', models.CharField(blank=True, max_length=32)),
-                ('mig_uuid', models.CharField(blank=True, max_length=64)),
-                ('units', models.FloatField(help_text='GPU units: whole 1.0, MIG slices/7, MPS its fraction')),
-                ('present', models.BooleanField(default=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(max_length=128, unique=True)),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("whole", "Whole"), ("mig", "Mig"), ("mps", "Mps")], max_length=8
+                    ),
+                ),
+                ("profile", models.CharField(blank=True, max_length=32)),
+                ("mig_uuid", models.CharField(blank=True, max_length=64)),
+                (
+                    "units",
+                    models.FloatField(
+                        help_text="GPU units: whole 1.0, MIG slices/7, MPS its fraction"
+                    ),
+                ),
+                ("present", models.BooleanField(default=True)),
             ],
             options={
-                'ordering': ['gpu__node__name', 'gpu__index', 'key'],
+                "ordering": ["gpu__node__name", "gpu__index", "key"],
             },
         ),
     ]

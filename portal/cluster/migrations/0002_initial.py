@@ -5,41 +5,56 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cluster', '0001_initial'),
-        ('jobs', '0001_initial'),
+        ("cluster", "0001_initial"),
+        ("jobs", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='allocation',
-            name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='allocations', to='jobs.job'),
+            model_name="allocation",
+            name="job",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="allocations",
+                to="jobs.job",
+            ),
         ),
         migrations.AddField(
-            model_name='gpu',
-            name='node',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='gpus', to='cluster.node'),
+            model_name="gpu",
+            name="node",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="gpus", to="cluster.node"
+            ),
         ),
         migrations.AddField(
-            model_name='slice',
-            name='gpu',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='slices', to='cluster.gpu'),
+            model_name="slice",
+            name="gpu",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE, related_name="slices", to="cluster.gpu"
+            ),
         ),
         migrations.AddField(
-            model_name='allocation',
-            name='slice',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='allocations', to='cluster.slice'),
+            model_name="allocation",
+            name="slice",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="allocations",
+                to="cluster.slice",
+            ),
         ),
         migrations.AddIndex(
-            model_name='allocation',
-            index=models.Index(fields=['job', 'attempt'], name='cluster_all_job_id_8be6fa_idx'),
+            model_name="allocation",
+            index=models.Index(fields=["job", "attempt"], name="cluster_all_job_id_8be6fa_idx"),
         ),
         migrations.AddConstraint(
-            model_name='allocation',
-            constraint=models.UniqueConstraint(condition=models.Q(('released_at__isnull', True)), fields=('slice',), name='one_active_allocation_per_slice'),
+            model_name="allocation",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("released_at__isnull", True)),
+                fields=("slice",),
+                name="one_active_allocation_per_slice",
+            ),
         ),
     ]

@@ -6,110 +6,235 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('cluster', '0001_initial'),
-        ('tenants', '0001_initial'),
+        ("cluster", "0001_initial"),
+        ("tenants", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=128)),
-                ('image', models.CharField(max_length=255)),
-                ('command', models.JSONField(help_text='argv list')),
-                ('env', models.JSONField(blank=True, default=dict)),
-                ('gpu_kind', models.CharField(choices=[('whole', 'Whole'), ('mig', 'Mig'), ('mps', 'Mps')], max_length=8)),
-                ('gpu_count', models.PositiveIntegerField(default=1)),
-                ('gpu_min_count', models.PositiveIntegerField(default=0, help_text='elastic minimum; 0 = rigid')),
-                ('gpu_profile', models.CharField(blank=True, max_length=32)),
-                ('gpu_model', models.CharField(blank=True, max_length=128)),
-                ('multi_node', models.BooleanField(default=False)),
-                ('priority', models.CharField(choices=[('low', 'low'), ('normal', 'normal'), ('high', 'high')], default='normal', max_length=16)),
-                ('time_limit_s', models.PositiveIntegerField(blank=True, null=True)),
-                ('preemptible', models.BooleanField(default=True)),
-                ('state', models.CharField(choices=[('PENDING', 'Pending'), ('HELD', 'Held'), ('ASSIGNED', 'Assigned'), ('RUNNING', 'Running'), ('SUCCEEDED', 'Succeeded'), ('FAILED', 'Failed'), ('CANCELLED', 'Cancelled'), ('TIMED_OUT', 'Timed Out'), ('PREEMPTED', 'Preempted'), ('LOST', 'Lost')], default='PENDING', max_length=16)),
-                ('attempt', models.PositiveIntegerField(default=0, help_text='0 until first assigned')),
-                ('submitted_at', models.DateTimeField()),
-                ('queued_since', models.DateTimeField(help_text="kept across requeues: the job's place")),
-                ('assigned_at', models.DateTimeField(blank=True, null=True)),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('exit_code', models.IntegerField(blank=True, null=True)),
-                ('reason', models.TextField(blank=True, help_text='why the job ended as it did')),
-                ('borrowed', models.BooleanField(default=False, help_text="placed above the team's guarantee")),
-                ('stop_requested_at', models.DateTimeField(blank=True, null=True)),
-                ('stop_reason', models.CharField(blank=True, max_length=16)),
-                ('pending_code', models.CharField(blank=True, max_length=32)),
-                ('pending_message', models.TextField(blank=True)),
-                ('pending_numbers', models.JSONField(blank=True, default=dict)),
-                ('queue_position', models.PositiveIntegerField(blank=True, null=True)),
-                ('estimated_start_at', models.DateTimeField(blank=True, null=True)),
-                ('node', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='jobs', to='cluster.node')),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to='tenants.team')),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='jobs', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=128)),
+                ("image", models.CharField(max_length=255)),
+                ("command", models.JSONField(help_text="argv list")),
+                ("env", models.JSONField(blank=True, default=dict)),
+                (
+                    "gpu_kind",
+                    models.CharField(
+                        choices=[("whole", "Whole"), ("mig", "Mig"), ("mps", "Mps")], max_length=8
+                    ),
+                ),
+                ("gpu_count", models.PositiveIntegerField(default=1)),
+                (
+                    "gpu_min_count",
+                    models.PositiveIntegerField(default=0, help_text="elastic minimum; 0 = rigid"),
+                ),
+                ("gpu_profile", models.CharField(blank=True, max_length=32)),
+                ("gpu_model", models.CharField(blank=True, max_length=128)),
+                ("multi_node", models.BooleanField(default=False)),
+                (
+                    "priority",
+                    models.CharField(
+                        choices=[("low", "low"), ("normal", "normal"), ("high", "high")],
+                        default="normal",
+                        max_length=16,
+                    ),
+                ),
+                ("time_limit_s", models.PositiveIntegerField(blank=True, null=True)),
+                ("preemptible", models.BooleanField(default=True)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("PENDING", "Pending"),
+                            ("HELD", "Held"),
+                            ("ASSIGNED", "Assigned"),
+                            ("RUNNING", "Running"),
+                            ("SUCCEEDED", "Succeeded"),
+                            ("FAILED", "Failed"),
+                            ("CANCELLED", "Cancelled"),
+                            ("TIMED_OUT", "Timed Out"),
+                            ("PREEMPTED", "Preempted"),
+                            ("LOST", "Lost"),
+                        ],
+                        default="PENDING",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "attempt",
+                    models.PositiveIntegerField(default=0, help_text="0 until first assigned"),
+                ),
+                ("submitted_at", models.DateTimeField()),
+                (
+                    "queued_since",
+                    models.DateTimeField(help_text="kept across requeues: the job's place"),
+                ),
+                ("assigned_at", models.DateTimeField(blank=True, null=True)),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("exit_code", models.IntegerField(blank=True, null=True)),
+                ("reason", models.TextField(blank=True, help_text="why the job ended as it did")),
+                (
+                    "borrowed",
+                    models.BooleanField(
+                        default=False, help_text="placed above the team's guarantee"
+                    ),
+                ),
+                ("stop_requested_at", models.DateTimeField(blank=True, null=True)),
+                ("stop_reason", models.CharField(blank=True, max_length=16)),
+                ("pending_code", models.CharField(blank=True, max_length=32)),
+                ("pending_message", models.TextField(blank=True)),
+                ("pending_numbers", models.JSONField(blank=True, default=dict)),
+                ("queue_position", models.PositiveIntegerField(blank=True, null=True)),
+                ("estimated_start_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "node",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="jobs",
+                        to="cluster.node",
+                    ),
+                ),
+                (
+                    "team",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to="tenants.team",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="jobs",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-submitted_at', '-id'],
+                "ordering": ["-submitted_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='JobDependency',
+            name="JobDependency",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('kind', models.CharField(choices=[('after_ok', 'After Ok'), ('after_any', 'After Any')], default='after_ok', max_length=16)),
-                ('depends_on', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='dependents', to='jobs.job')),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dependencies', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[("after_ok", "After Ok"), ("after_any", "After Any")],
+                        default="after_ok",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "depends_on",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="dependents",
+                        to="jobs.job",
+                    ),
+                ),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="dependencies",
+                        to="jobs.job",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='JobEvent',
+            name="JobEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField()),
-                ('from_state', models.CharField(blank=True, max_length=16)),
-                ('to_state', models.CharField(max_length=16)),
-                ('attempt', models.PositiveIntegerField(default=0)),
-                ('message', models.TextField(blank=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField()),
+                ("from_state", models.CharField(blank=True, max_length=16)),
+                ("to_state", models.CharField(max_length=16)),
+                ("attempt", models.PositiveIntegerField(default=0)),
+                ("message", models.TextField(blank=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['at', 'id'],
+                "ordering": ["at", "id"],
             },
         ),
         migrations.CreateModel(
-            name='JobLogChunk',
+            name="JobLogChunk",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('attempt', models.PositiveIntegerField()),
-                ('seq', models.PositiveIntegerField()),
-                ('data', models.TextField()),
-                ('received_at', models.DateTimeField(auto_now_add=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='log_chunks', to='jobs.job')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("attempt", models.PositiveIntegerField()),
+                ("seq", models.PositiveIntegerField()),
+                ("data", models.TextField()),
+                ("received_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="log_chunks",
+                        to="jobs.job",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['attempt', 'seq'],
+                "ordering": ["attempt", "seq"],
             },
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['state'], name='jobs_job_state_7f24c5_idx'),
+            model_name="job",
+            index=models.Index(fields=["state"], name="jobs_job_state_7f24c5_idx"),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['team', 'state'], name='jobs_job_team_id_3a8b75_idx'),
+            model_name="job",
+            index=models.Index(fields=["team", "state"], name="jobs_job_team_id_3a8b75_idx"),
         ),
         migrations.AddConstraint(
-            model_name='jobdependency',
-            constraint=models.UniqueConstraint(fields=('job', 'depends_on'), name='one_dependency_per_pair'),
+            model_name="jobdependency",
+            constraint=models.UniqueConstraint(
+                fields=("job", "depends_on"), name="one_dependency_per_pair"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='joblogchunk',
-            constraint=models.UniqueConstraint(fields=('job', 'attempt', 'seq'), name='one_log_chunk_per_seq'),
+            model_name="joblogchunk",
+            constraint=models.UniqueConstraint(
+                fields=("job", "attempt", "seq"), name="one_log_chunk_per_seq"
+            ),
         ),
     ]

@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,36 +15,132 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='Team',
+            name="Team",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True, validators=[django.core.validators.RegexValidator('^[a-z0-9][a-z0-9_-]*$', 'lower-case letters, digits, - and _')])),
-                ('description', models.CharField(blank=True, max_length=200)),
-                ('weight', models.FloatField(default=1.0, validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('guaranteed_units', models.FloatField(default=0.0, validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('limit_units', models.FloatField(blank=True, help_text='empty = no limit', null=True, validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('max_priority', models.CharField(choices=[('low', 'low'), ('normal', 'normal'), ('high', 'high')], default='normal', max_length=16)),
-                ('member_limit_units', models.FloatField(blank=True, help_text='empty = no limit', null=True, validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('budget_gpu_hours', models.FloatField(blank=True, help_text='GPU-unit-hours per calendar month; empty = no budget', null=True, validators=[django.core.validators.MinValueValidator(0.0)])),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[a-z0-9][a-z0-9_-]*$", "lower-case letters, digits, - and _"
+                            )
+                        ],
+                    ),
+                ),
+                ("description", models.CharField(blank=True, max_length=200)),
+                (
+                    "weight",
+                    models.FloatField(
+                        default=1.0, validators=[django.core.validators.MinValueValidator(0.0)]
+                    ),
+                ),
+                (
+                    "guaranteed_units",
+                    models.FloatField(
+                        default=0.0, validators=[django.core.validators.MinValueValidator(0.0)]
+                    ),
+                ),
+                (
+                    "limit_units",
+                    models.FloatField(
+                        blank=True,
+                        help_text="empty = no limit",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
+                (
+                    "max_priority",
+                    models.CharField(
+                        choices=[("low", "low"), ("normal", "normal"), ("high", "high")],
+                        default="normal",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "member_limit_units",
+                    models.FloatField(
+                        blank=True,
+                        help_text="empty = no limit",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
+                (
+                    "budget_gpu_hours",
+                    models.FloatField(
+                        blank=True,
+                        help_text="GPU-unit-hours per calendar month; empty = no budget",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(0.0)],
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
-                'constraints': [models.CheckConstraint(condition=models.Q(('limit_units__isnull', True), ('limit_units__gte', models.F('guaranteed_units')), _connector='OR'), name='team_limit_not_below_guarantee')],
+                "ordering": ["name"],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            ("limit_units__isnull", True),
+                            ("limit_units__gte", models.F("guaranteed_units")),
+                            _connector="OR",
+                        ),
+                        name="team_limit_not_below_guarantee",
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Membership',
+            name="Membership",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('role', models.CharField(choices=[('member', 'member'), ('admin', 'team admin')], default='member', max_length=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to=settings.AUTH_USER_MODEL)),
-                ('team', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='memberships', to='tenants.team')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "role",
+                    models.CharField(
+                        choices=[("member", "member"), ("admin", "team admin")],
+                        default="member",
+                        max_length=16,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "team",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="memberships",
+                        to="tenants.team",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['team__name', 'user__username'],
-                'constraints': [models.UniqueConstraint(fields=('team', 'user'), name='one_membership_per_team_user')],
+                "ordering": ["team__name", "user__username"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("team", "user"), name="one_membership_per_team_user"
+                    )
+                ],
             },
         ),
     ]

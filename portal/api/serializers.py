@@ -1,0 +1,210 @@
+"""How jobs and teams look in the API. Output only: input is checked by the services.
+
+The input serializers here describe request bodies for the OpenAPI schema; the views never
+validate with them (``validate_job_request`` and ``quota_update`` do, so the form and the API
+accept exactly the same things).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from portal.jobs.models import GpuKind, Job, JobDependency, JobState
+from portal.jobs.selectors import job_slices
+from portal.tenants.models import PRIORITY_CLASSES
+
+# --- errors ------------------------------------------------------------------------------
+
+
+class ErrorSerializer(serializers.Serializer):
+    errors = serializers.DictField(
+        child=serializers.CharField(),
+        help_text='field (dotted, e.g. "gpu.profile"; "detail" or "authorization" when no '
+        "field) -> message naming the allowed values",
+    )
+
+
+# --- jobs: input (schema only) -----------------------------------------------------------
+
+
+class GpuRequestSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=GpuKind.choices)
+    count = serializers.IntegerField(min_value=1, required=False, default=1)
+    min_count = serializers.IntegerField(
+        min_value=1, required=False, help_text="elastic gang: start with at least this many"
+    )
+    profile = serializers.CharField(required=False, help_text="MIG profile, required for mig")
+    model = serializers.CharField(required=False, help_text="GPU model, whole GPUs only")
+    multi_node = serializers.BooleanField(required=False, default=False)
+
+
+class DependencySerializer(serializers.Serializer):
+    job = serializers.IntegerField(source="depends_on_id")
+    kind = serializers.ChoiceField(choices=JobDependency.Kind.choices, default="after_ok")
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=128)
+    team = serializers.CharField(help_text="a team you are a member of")
+    image = serializers.CharField(max_length=255, help_text="e.g. python:3.11-slim")
+    command = serializers.ListField(
+        child=serializers.CharField(), help_text="argv; a shell-like string is split too"
+    )
+    env = serializers.DictField(child=serializers.CharField(), required=False)
+    gpu = GpuRequestSerializer()
+    priority = serializers.ChoiceField(choices=PRIORITY_CLASSES, required=False)
+    time_limit_s = serializers.IntegerField(min_value=1, required=False)
+    preemptible = serializers.BooleanField(required=False, default=True)
+    depends_on = DependencySerializer(many=True, required=False)
+
+
+# --- jobs: output ------------------------------------------------------------------------
+
+
+class GpuSerializer(serializers.Serializer):
+    kind = serializers.CharField(source="gpu_kind")
+    count = serializers.IntegerField(source="gpu_count")
+    min_count = serializers.SerializerMethodField()
+    profile = serializers.CharField(source="gpu_profile")
+    model = serializers.CharField(source="gpu_model")
+    multi_node = serializers.BooleanField()
+
+    @extend_schema_field(OpenApiTypes.INT)
+    def get_min_count(self, job: Job) -> int | None:
+        return job.gpu_min_count or None
+
+
+class PendingSerializer(serializers.Serializer):
+    code = serializers.CharField(allow_null=True)
+    message = serializers.CharField()
+    numbers = serializers.DictField()
+    position = serializers.IntegerField(allow_null=True)
+    estimated_start_at = serializers.DateTimeField(allow_null=True)
+
+
+def pending_of(job: Job) -> dict[str, Any] | None:
+    """The scheduler's latest explanation of a PENDING job, as the shell stored it."""
+    if job.state != JobState.PENDING:
+        return None
+    return {
+        "code": job.pending_code or None,
+        "message": job.pending_message or "waiting for the next scheduling pass",
+        "numbers": job.pending_numbers or {},
+        "position": job.queue_position,
+        "estimated_start_at": job.estimated_start_at,
+    }
+
+
+class JobSummarySerializer(serializers.Serializer):
+    """A job as the list shows it: everything from the job row and its team, user, node."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField(source="team.name")
+    user = serializers.CharField(source="user.username")
+    state = serializers.ChoiceField(choices=JobState.choices)
+    attempt = serializers.IntegerField()
+    gpu = GpuSerializer(source="*")
+    priority = serializers.CharField()
+    submitted_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    exit_code = serializers.IntegerField(allow_null=True)
+    reason = serializers.CharField()
+    node = serializers.CharField(source="node.name", allow_null=True, default=None)
+    pending = serializers.SerializerMethodField()
+
+    @extend_schema_field(PendingSerializer(allow_null=True))
+    def get_pending(self, job: Job) -> dict[str, Any] | None:
+        return pending_of(job)
+
+
+class SliceSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    kind = serializers.CharField()
+    profile = serializers.CharField()
+    gpu_uuid = serializers.CharField()
+    mig_uuid = serializers.CharField()
+    units = serializers.FloatField()
+    node = serializers.CharField()
+    gpu_index = serializers.IntegerField()
+    gpu_model = serializers.CharField()
+    active = serializers.BooleanField(help_text="false once the job let go of the slice")
+
+
+class JobEventSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    from_state = serializers.CharField()
+    to_state = serializers.CharField()
+    attempt = serializers.IntegerField()
+    message = serializers.CharField()
+
+
+class JobDetailSerializer(JobSummarySerializer):
+    image = serializers.CharField()
+    command = serializers.ListField(child=serializers.CharField())
+    env = serializers.DictField(child=serializers.CharField())
+    time_limit_s = serializers.IntegerField(allow_null=True)
+    preemptible = serializers.BooleanField()
+    borrowed = serializers.BooleanField(help_text="placed above the team's guarantee")
+    queued_since = serializers.DateTimeField()
+    assigned_at = serializers.DateTimeField(allow_null=True)
+    stop_requested_at = serializers.DateTimeField(allow_null=True)
+    stop_reason = serializers.CharField()
+    depends_on = DependencySerializer(source="dependencies.all", many=True)
+    slices = serializers.SerializerMethodField()
+    events = JobEventSerializer(source="events.all", many=True)
+
+    @extend_schema_field(SliceSerializer(many=True))
+    def get_slices(self, job: Job) -> list[dict[str, Any]]:
+        return job_slices(job=job)
+
+
+class JobLogSerializer(serializers.Serializer):
+    job = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    state = serializers.CharField()
+    log = serializers.CharField()
+
+
+# --- teams -------------------------------------------------------------------------------
+
+
+class MemberSerializer(serializers.Serializer):
+    username = serializers.CharField()
+    role = serializers.CharField()
+
+
+class TeamOverviewSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    weight = serializers.FloatField()
+    guaranteed_units = serializers.FloatField()
+    limit_units = serializers.FloatField(allow_null=True)
+    max_priority = serializers.CharField()
+    member_limit_units = serializers.FloatField(allow_null=True)
+    budget_gpu_hours = serializers.FloatField(allow_null=True)
+    units_in_use = serializers.FloatField(help_text="GPU units the team's jobs hold now")
+    running_jobs = serializers.IntegerField()
+    pending_jobs = serializers.IntegerField()
+    held_jobs = serializers.IntegerField()
+    members = MemberSerializer(many=True)
+    can_admin = serializers.BooleanField(help_text="you administer this team")
+    can_edit_quota = serializers.BooleanField(help_text="you may PATCH the quota (site admins)")
+
+
+class QuotaUpdateSerializer(serializers.Serializer):
+    weight = serializers.FloatField(min_value=0, required=False)
+    guaranteed_units = serializers.FloatField(min_value=0, required=False)
+    limit_units = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    # Plain text in the schema: the same choices as a job's priority, named once (PriorityEnum).
+    max_priority = serializers.CharField(
+        required=False,
+        help_text=f"the team's highest priority class: {', '.join(PRIORITY_CLASSES)}",
+    )
+    member_limit_units = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    budget_gpu_hours = serializers.FloatField(min_value=0, required=False, allow_null=True)

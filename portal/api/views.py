@@ -1,0 +1,281 @@
+"""The REST API (v1): thin views over the job and team services and selectors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.generics import GenericAPIView
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from portal.api.auth import PortalTokenAuthentication
+from portal.api.errors import api_exception_handler
+from portal.api.serializers import (
+    ErrorSerializer,
+    JobDetailSerializer,
+    JobLogSerializer,
+    JobSubmitSerializer,
+    JobSummarySerializer,
+    QuotaUpdateSerializer,
+    TeamOverviewSerializer,
+)
+from portal.jobs.models import Job, JobState
+from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log
+from portal.jobs.services import job_cancel, job_submit
+from portal.jobs.validation import validate_job_request
+from portal.tenants.models import Team
+from portal.tenants.selectors import can_admin_team, is_site_admin, team_overviews, teams_for_user
+from portal.tenants.services import quota_update
+
+ERRORS = {
+    400: OpenApiResponse(ErrorSerializer, description="bad input: each field with its message"),
+    401: OpenApiResponse(ErrorSerializer, description="missing, malformed or unknown token"),
+}
+NOT_FOUND = {404: OpenApiResponse(ErrorSerializer, description="no such job or team for you")}
+FORBIDDEN = {403: OpenApiResponse(ErrorSerializer, description="you may not do this")}
+
+
+class PortalAPIView(APIView):
+    """Token (or session) authentication, JSON in and out, and the API's one error shape."""
+
+    authentication_classes = [PortalTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+    parser_classes = [JSONParser]
+    renderer_classes = [JSONRenderer]
+
+    def get_exception_handler(self) -> Any:
+        return api_exception_handler
+
+
+def _job_for(request: Request, job_id: int) -> Job:
+    return job_get_for_user(user=request.user, job_id=job_id)
+
+
+def _detail(job: Job) -> dict[str, Any]:
+    # Re-read with team, user and node joined so the response costs no extra query per field.
+    job = Job.objects.select_related("team", "user", "node").get(pk=job.pk)
+    return JobDetailSerializer(job).data
+
+
+class JobListView(PortalAPIView, GenericAPIView):
+    serializer_class = JobSummarySerializer
+    queryset = Job.objects.none()  # the real one depends on the user: see get_queryset
+
+    def get_queryset(self) -> Any:
+        state = _states_param(self.request)
+        team = _team_param(self.request)
+        return job_list_for_user(user=self.request.user, state=state, team=team)
+
+    @extend_schema(
+        summary="List the jobs of my teams",
+        parameters=[
+            OpenApiParameter(
+                "state",
+                OpenApiTypes.STR,
+                description="only jobs in these states, comma-separated, e.g. PENDING,RUNNING",
+            ),
+            OpenApiParameter("team", OpenApiTypes.STR, description="only jobs of this team"),
+        ],
+        responses={200: JobSummarySerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(JobSummarySerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Submit a job",
+        request=JobSubmitSerializer,
+        responses={201: JobDetailSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        job_request = validate_job_request(request.data, user=request.user)
+        job = job_submit(user=request.user, request=job_request)
+        return Response(
+            _detail(job),
+            status=status.HTTP_201_CREATED,
+            headers={"Location": f"/api/v1/jobs/{job.pk}/"},
+        )
+
+
+class JobDetailView(PortalAPIView):
+    @extend_schema(
+        summary="A job: state, exit code, slices, pending explanation, events",
+        responses={200: JobDetailSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        return Response(_detail(_job_for(request, job_id)))
+
+
+class JobCancelView(PortalAPIView):
+    @extend_schema(
+        summary="Cancel a job",
+        description="A waiting job ends CANCELLED at once; a running one is stopped by its agent "
+        "(stop_requested_at is set now, the state follows when the agent reports).",
+        request=None,
+        responses={
+            200: JobDetailSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="the job already ended"),
+            **ERRORS,
+            **FORBIDDEN,
+            **NOT_FOUND,
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        job = job_cancel(job=_job_for(request, job_id), user=request.user)
+        return Response(_detail(job))
+
+
+class PlainTextRenderer(BaseRenderer):
+    """A job's log as text/plain; errors as ``field: message`` lines."""
+
+    media_type = "text/plain"
+    format = "txt"
+    charset = "utf-8"
+
+    def render(
+        self, data: Any, accepted_media_type: Any = None, renderer_context: Any = None
+    ) -> bytes:
+        if isinstance(data, dict) and "log" in data:
+            return str(data["log"]).encode(self.charset)
+        if isinstance(data, dict) and isinstance(data.get("errors"), dict):
+            lines = [f"{field}: {message}" for field, message in data["errors"].items()]
+            return ("\n".join(lines) + "\n").encode(self.charset)
+        return str(data).encode(self.charset)
+
+
+class JobLogView(PortalAPIView):
+    # text/plain comes first, so it is what a client that accepts anything (curl) gets.
+    renderer_classes = [PlainTextRenderer, JSONRenderer]
+
+    @extend_schema(
+        summary="A job's output",
+        description="text/plain by default; JSON ({job, attempt, state, log}) with ?format=json "
+        "or the header Accept: application/json. The headers X-Job-State and X-Job-Attempt "
+        "tell a poller when to stop.",
+        parameters=[
+            OpenApiParameter(
+                "attempt", OpenApiTypes.INT, description="which attempt (default: the latest)"
+            ),
+            OpenApiParameter("format", OpenApiTypes.STR, enum=["txt", "json"]),
+        ],
+        responses={
+            (200, "text/plain"): OpenApiTypes.STR,
+            (200, "application/json"): JobLogSerializer,
+            **ERRORS,
+            **NOT_FOUND,
+        },
+    )
+    def get(self, request: Request, job_id: int) -> Response:
+        job = _job_for(request, job_id)
+        attempt = _attempt_param(request, job)
+        data = {
+            "job": job.pk,
+            "attempt": attempt,
+            "state": job.state,
+            "log": job_log(job=job, attempt=attempt),
+        }
+        return Response(data, headers={"X-Job-State": job.state, "X-Job-Attempt": str(attempt)})
+
+
+class TeamListView(PortalAPIView):
+    @extend_schema(
+        summary="My teams (all teams for a site admin), with quota and use now",
+        responses={200: TeamOverviewSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        teams = list(teams_for_user(user=request.user))
+        return Response(TeamOverviewSerializer(_overviews(request, teams), many=True).data)
+
+
+class TeamDetailView(PortalAPIView):
+    @extend_schema(
+        summary="One team: quota, units in use now, job counts, members",
+        responses={200: TeamOverviewSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        team = _team_for(request, name)
+        return Response(TeamOverviewSerializer(_overviews(request, [team])[0]).data)
+
+    @extend_schema(
+        summary="Change a team's quota (site admins)",
+        request=QuotaUpdateSerializer,
+        responses={200: TeamOverviewSerializer, **ERRORS, **FORBIDDEN, **NOT_FOUND},
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        team = _team_for(request, name)
+        changes = request.data
+        if not isinstance(changes, dict):
+            raise ValidationError({"detail": "send a JSON object of the fields to change"})
+        allowed = tuple(QuotaUpdateSerializer().fields)
+        unknown = [key for key in changes if key not in allowed]
+        if unknown:
+            raise ValidationError(
+                {key: f"unknown field; allowed: {', '.join(allowed)}" for key in unknown}
+            )
+        team = quota_update(team=team, by=request.user, **changes)
+        return Response(TeamOverviewSerializer(_overviews(request, [team])[0]).data)
+
+
+def _team_for(request: Request, name: str) -> Team:
+    try:
+        return teams_for_user(user=request.user).get(name=name)
+    except Team.DoesNotExist:
+        raise NotFound() from None
+
+
+def _overviews(request: Request, teams: list[Team]) -> list[dict[str, Any]]:
+    site_admin = is_site_admin(request.user)
+    overviews = team_overviews(teams=teams)
+    for team, overview in zip(teams, overviews, strict=True):
+        overview["can_admin"] = site_admin or can_admin_team(user=request.user, team=team)
+        overview["can_edit_quota"] = site_admin
+    return overviews
+
+
+# --- query parameters ------------------------------------------------------------------
+
+
+def _states_param(request: Request) -> list[str] | None:
+    raw = request.query_params.get("state", "").strip()
+    if not raw:
+        return None
+    states = [part.strip().upper() for part in raw.split(",") if part.strip()]
+    unknown = [state for state in states if state not in JobState.values]
+    if unknown:
+        raise ValidationError(
+            {"state": f"unknown state {', '.join(unknown)}; allowed: {', '.join(JobState.values)}"}
+        )
+    return states
+
+
+def _team_param(request: Request) -> str | None:
+    name = request.query_params.get("team", "").strip()
+    if not name:
+        return None
+    visible = list(teams_for_user(user=request.user).values_list("name", flat=True))
+    if name not in visible:
+        raise ValidationError(
+            {"team": f"{name!r} is not one of your teams; allowed: {', '.join(visible) or 'none'}"}
+        )
+    return name
+
+
+def _attempt_param(request: Request, job: Job) -> int:
+    raw = request.query_params.get("attempt", "").strip()
+    if not raw:
+        return job.attempt
+    allowed = f"1 to {job.attempt}" if job.attempt else "none yet (the job has not run)"
+    if not raw.isdigit() or not 1 <= int(raw) <= job.attempt:
+        raise ValidationError(
+            {"attempt": f"{raw!r} is not an attempt of job {job.pk}; allowed: {allowed}"}
+        )
+    return int(raw)

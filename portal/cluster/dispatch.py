@@ -1,0 +1,285 @@
+"""Messages to the agents: launch an attempt on its slices, stop an attempt.
+
+Messages are built from the database (never from what a caller passes in), so a late or
+repeated call sends what is true now: a launch only for a job still ASSIGNED, a stop only
+for a job whose stop was asked for. Agents are idempotent by (job, attempt), so sending
+twice is safe; the reaper re-sends what got no answer. A broker error is logged and never
+raised: the database already holds the decision, and the reaper repairs the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from portal.cluster.models import Allocation, Dispatch
+from portal.jobs.models import HOLDING_STATES, Job, JobState
+from workers.protocol import (
+    STOP_REASONS,
+    TASK_LAUNCH,
+    TASK_STOP,
+    Device,
+    Launch,
+    ProtocolError,
+    Stop,
+    node_queue,
+)
+
+log = logging.getLogger("portal.dispatch")
+
+# A message an agent has not picked up by then is dropped by the broker; the reaper sends
+# a fresh one if it is still needed (so an agent back after a long outage does not start
+# attempts that were requeued elsewhere meanwhile).
+MESSAGE_EXPIRES_S = 600
+_CHUNK = 1_000
+_MIG_MEMORY = re.compile(r"(\d+)g\.(\d+)gb")
+
+
+def send_launch(job_id: int) -> None:
+    """Send agent.launch for the job's current attempt, if it is ASSIGNED. Safe to repeat."""
+    send_launches([job_id])
+
+
+def send_launches(job_ids: Iterable[int], *, now: datetime | None = None) -> int:
+    """Send one launch per node per ASSIGNED job among ``job_ids``; returns messages sent."""
+    ids = list(dict.fromkeys(job_ids))
+    sent = 0
+    for start in range(0, len(ids), _CHUNK):
+        sent += _send_launch_chunk(ids[start : start + _CHUNK], now or timezone.now())
+    return sent
+
+
+def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
+    jobs = {
+        job.pk: job
+        for job in Job.objects.filter(pk__in=job_ids, state=JobState.ASSIGNED).select_related(
+            "team", "user"
+        )
+    }
+    devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
+    allocations = (
+        Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
+        .select_related("slice__gpu__node")
+        .order_by("job_id", "slice__gpu__index", "slice__key")
+    )
+    for allocation in allocations:
+        job = jobs[allocation.job_id]
+        if allocation.attempt != job.attempt:
+            continue
+        node = allocation.slice.gpu.node.name
+        devices[job.pk][node].append(device_of(allocation))
+    sent = 0
+    launched: list[tuple[int, int]] = []
+    for job in jobs.values():
+        by_node = devices.get(job.pk)
+        if not by_node:
+            log.error("job %s attempt %s is ASSIGNED without slices", job.pk, job.attempt)
+            continue
+        ok = False
+        for node, node_devices in by_node.items():
+            try:
+                message = launch_message(job, node_devices)
+            except ProtocolError as error:
+                _fail_unlaunchable(job, str(error))
+                ok = False
+                break
+            ok = publish(TASK_LAUNCH, message.to_dict(), node_queue(node)) or ok
+            sent += 1
+        if ok:
+            launched.append((job.pk, job.attempt))
+    record_dispatch(Dispatch.Kind.LAUNCH, launched, now)
+    return sent
+
+
+def launch_message(job: Job, devices: Sequence[Device]) -> Launch:
+    """The launch of the job's current attempt on ``devices`` (raises ProtocolError if the
+    stored job cannot be expressed as a valid launch)."""
+    return Launch(
+        job_id=job.pk,
+        attempt=job.attempt,
+        name=job.name,
+        team=job.team.name,
+        user=job.user.get_username(),
+        image=job.image,
+        command=tuple(str(arg) for arg in job.command or ()),
+        env={str(k): str(v) for k, v in (job.env or {}).items()},
+        devices=tuple(devices),
+        time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
+    )
+
+
+def device_of(allocation: Allocation) -> Device:
+    """The protocol's view of one allocated slice."""
+    item = allocation.slice
+    gpu = item.gpu
+    if item.kind == "mig":
+        match = _MIG_MEMORY.search(item.profile)
+        return Device(
+            slice_id=item.key,
+            kind="mig",
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            mig_uuid=item.mig_uuid,
+            profile=item.profile,
+            memory_mb=int(match.group(2)) * 1024 if match else None,
+        )
+    if item.kind == "mps":
+        return Device(
+            slice_id=item.key,
+            kind="mps",
+            gpu_uuid=gpu.uuid,
+            gpu_index=gpu.index,
+            mps_fraction=item.units,
+            memory_mb=int(gpu.memory_mb * item.units) if gpu.memory_mb else None,
+        )
+    return Device(
+        slice_id=item.key,
+        kind="whole",
+        gpu_uuid=gpu.uuid,
+        gpu_index=gpu.index,
+        memory_mb=gpu.memory_mb or None,
+    )
+
+
+def _fail_unlaunchable(job: Job, error: str) -> None:
+    from portal.cluster.services import end_attempt
+
+    log.error("job %s cannot be launched: %s", job.pk, error)
+    end_attempt(
+        job.pk,
+        attempt=job.attempt,
+        to=JobState.FAILED,
+        from_states=[JobState.ASSIGNED],
+        message=f"cannot be launched: {error}",
+        fields={"reason": f"cannot be launched: {error}", "finished_at": timezone.now()},
+    )
+
+
+# --- stop -----------------------------------------------------------------------------------
+
+
+def request_stop(job_id: int) -> None:
+    """Send agent.stop for a job whose stop was asked for (cancel, preemption, time limit).
+
+    Does nothing for a job that holds no slices or has no stop request. Safe to call twice.
+    """
+    request_stops([job_id])
+
+
+def request_stops(job_ids: Iterable[int], *, now: datetime | None = None) -> int:
+    """``request_stop`` for many jobs in a few queries; returns messages sent."""
+    ids = list(dict.fromkeys(job_ids))
+    sent = 0
+    for start in range(0, len(ids), _CHUNK):
+        sent += _send_stop_chunk(ids[start : start + _CHUNK], now or timezone.now())
+    return sent
+
+
+def _send_stop_chunk(job_ids: Sequence[int], now: datetime) -> int:
+    jobs = {
+        pk: (attempt, reason if reason in STOP_REASONS else "cancel", node)
+        for pk, attempt, reason, node in Job.objects.filter(
+            pk__in=job_ids, state__in=HOLDING_STATES, stop_requested_at__isnull=False
+        ).values_list("pk", "attempt", "stop_reason", "node__name")
+    }
+    nodes: dict[int, list[str]] = defaultdict(list)
+    held = (
+        Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
+        .values_list("job_id", "attempt", "slice__gpu__node__name")
+        .order_by("job_id", "slice__gpu__node__name")
+        .distinct()
+    )
+    for job_id, attempt, node in held:
+        if attempt == jobs[job_id][0] and node not in nodes[job_id]:
+            nodes[job_id].append(node)
+    sent = 0
+    stopped: list[tuple[int, int]] = []
+    for job_id, (attempt, reason, job_node) in jobs.items():
+        targets = nodes.get(job_id) or ([job_node] if job_node else [])
+        ok = False
+        for node in targets:
+            ok = send_stop_attempt(node, job_id, attempt, reason) or ok
+            sent += 1
+        if ok:
+            stopped.append((job_id, attempt))
+    record_dispatch(Dispatch.Kind.STOP, stopped, now)
+    return sent
+
+
+def send_stop_attempt(node: str, job_id: int, attempt: int, reason: str) -> bool:
+    """Stop one attempt on one node, whatever the database says (for orphans: attempts an
+    agent runs that the portal no longer gives it)."""
+    grace = _grace_for(reason)
+    message = Stop(job_id=job_id, attempt=attempt, reason=reason, grace_s=grace)  # type: ignore[arg-type]
+    return publish(TASK_STOP, message.to_dict(), node_queue(node))
+
+
+def _grace_for(reason: str) -> float:
+    if reason == "preempt":
+        from portal.scheduling.config import scheduler_config
+
+        return scheduler_config().grace_period_s
+    return settings.STOP_GRACE_S
+
+
+# --- sending and recording ---------------------------------------------------------------------
+
+
+def publish(task: str, message: dict, queue: str) -> bool:
+    """Send one Celery task message; log (never raise) a broker failure."""
+    from portal.celery import app
+
+    try:
+        app.send_task(task, args=[message], queue=queue, expires=MESSAGE_EXPIRES_S)
+    except Exception as error:  # noqa: BLE001 - any broker failure is the same to us
+        log.warning(
+            "could not send %s for job %s to %s (the reaper will send it again): %s",
+            task,
+            message.get("job_id"),
+            queue,
+            error,
+        )
+        return False
+    return True
+
+
+def record_dispatch(kind: str, sent: Sequence[tuple[int, int]], now: datetime) -> None:
+    """Remember when each (job, attempt) was last sent a ``kind`` message."""
+    if not sent:
+        return
+    with transaction.atomic():
+        for start in range(0, len(sent), _CHUNK):
+            chunk = sent[start : start + _CHUNK]
+            wanted = set(chunk)
+            existing = {
+                (job_id, attempt): pk
+                for pk, job_id, attempt in Dispatch.objects.filter(
+                    kind=kind, job_id__in=[job_id for job_id, _ in chunk]
+                ).values_list("pk", "job_id", "attempt")
+                if (job_id, attempt) in wanted
+            }
+            if existing:
+                Dispatch.objects.filter(pk__in=existing.values()).update(
+                    last_sent_at=now, sends=F("sends") + 1
+                )
+            Dispatch.objects.bulk_create(
+                [
+                    Dispatch(
+                        job_id=job_id,
+                        attempt=attempt,
+                        kind=kind,
+                        first_sent_at=now,
+                        last_sent_at=now,
+                    )
+                    for job_id, attempt in wanted - set(existing)
+                ],
+                ignore_conflicts=True,
+            )

@@ -1,0 +1,139 @@
+"""The reaper: repair what lost agents and lost messages leave behind.
+
+Runs on beat every PORTAL_REAP_INTERVAL_S:
+
+1. Agents   - a node whose last heartbeat is older than PORTAL_AGENT_LEASE_S is marked lost;
+              every attempt holding slices on it becomes LOST, its slices are freed and its
+              use charged, and the job is requeued (or failed after PORTAL_JOB_MAX_RETRIES
+              losses). A lost node that sends a heartbeat again is ready again.
+2. Launches - a job ASSIGNED for PORTAL_LAUNCH_RESEND_S without a ``started`` gets its launch
+              again (agents ignore a launch they already have); after PORTAL_LAUNCH_TIMEOUT_S
+              it is treated as lost.
+3. Stops    - a stop asked for PORTAL_STOP_RESEND_S ago whose job still holds slices is sent
+              again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from portal.cluster.dispatch import request_stops, send_launches
+from portal.cluster.models import Allocation, Dispatch, Node
+from portal.cluster.services import lose_attempt
+from portal.jobs.models import HOLDING_STATES, Job, JobState
+
+log = logging.getLogger("portal.cluster")
+
+
+@dataclass(slots=True)
+class ReapResult:
+    nodes_lost: int = 0
+    jobs_lost: int = 0
+    launches_resent: int = 0
+    launches_timed_out: int = 0
+    stops_resent: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def reap_lost_agents(*, now: datetime | None = None) -> ReapResult:
+    when = now or timezone.now()
+    result = ReapResult()
+    stale = _mark_lost_nodes(when, result)
+    _lose_jobs_on(stale, when, result)
+    _resend_launches(when, result)
+    _resend_stops(when, result)
+    if any(result.as_dict().values()):
+        log.info("reaper: %s", result.as_dict())
+    return result
+
+
+def _mark_lost_nodes(now: datetime, result: ReapResult) -> list[int]:
+    """Nodes past their lease (ids); READY ones become LOST. A drained node keeps its state
+    (an operator's decision) but its jobs are reaped all the same."""
+    cutoff = now - timedelta(seconds=settings.AGENT_LEASE_S)
+    stale = Node.objects.filter(last_heartbeat_at__lt=cutoff)
+    for name in stale.filter(state=Node.State.READY).values_list("name", flat=True):
+        log.warning("node %s missed heartbeats for %.0f s: lost", name, settings.AGENT_LEASE_S)
+    # Guarded by the same cutoff: a heartbeat that committed meanwhile keeps the node.
+    result.nodes_lost = stale.filter(state=Node.State.READY).update(state=Node.State.LOST)
+    return list(stale.values_list("pk", flat=True))
+
+
+def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> None:
+    if not node_ids:
+        return
+    on_nodes = set(
+        Allocation.objects.filter(
+            released_at__isnull=True, slice__gpu__node_id__in=node_ids
+        ).values_list("job_id", flat=True)
+    )
+    holding = Job.objects.filter(
+        Q(pk__in=on_nodes) | Q(node_id__in=node_ids), state__in=HOLDING_STATES
+    ).select_related("node")
+    for job in holding:
+        where = job.node.name if job.node else "its node"
+        if lose_attempt(
+            job.pk, attempt=job.attempt, why=f"agent on {where} stopped sending heartbeats", now=now
+        ):
+            result.jobs_lost += 1
+
+
+def _recently_sent(kind: str, jobs: list[tuple[int, int]], since: datetime) -> set[tuple[int, int]]:
+    if not jobs:
+        return set()
+    wanted = set(jobs)
+    rows = Dispatch.objects.filter(
+        kind=kind, job_id__in=[job_id for job_id, _ in jobs], last_sent_at__gte=since
+    ).values_list("job_id", "attempt")
+    return {row for row in rows if row in wanted}
+
+
+def _resend_launches(now: datetime, result: ReapResult) -> None:
+    resend_before = now - timedelta(seconds=settings.LAUNCH_RESEND_S)
+    give_up_before = now - timedelta(seconds=settings.LAUNCH_TIMEOUT_S)
+    waiting = list(
+        Job.objects.filter(
+            state=JobState.ASSIGNED,
+            started_at__isnull=True,
+            stop_requested_at__isnull=True,
+            assigned_at__lt=resend_before,
+            node__state=Node.State.READY,
+        ).values_list("pk", "attempt", "assigned_at")
+    )
+    recent = _recently_sent(Dispatch.Kind.LAUNCH, [(pk, a) for pk, a, _ in waiting], resend_before)
+    resend = []
+    for job_id, attempt, assigned_at in waiting:
+        if assigned_at < give_up_before:
+            why = f"not started {settings.LAUNCH_TIMEOUT_S:.0f} s after it was assigned"
+            if lose_attempt(job_id, attempt=attempt, why=why, now=now):
+                result.launches_timed_out += 1
+        elif (job_id, attempt) not in recent:
+            resend.append(job_id)
+    if resend:
+        log.info("re-sending launch of jobs %s (no started report yet)", resend)
+        result.launches_resent = send_launches(resend, now=now)
+
+
+def _resend_stops(now: datetime, result: ReapResult) -> None:
+    resend_before = now - timedelta(seconds=settings.STOP_RESEND_S)
+    stopping = list(
+        Job.objects.filter(
+            state__in=HOLDING_STATES,
+            stop_requested_at__lt=resend_before,
+            node__state__in=[Node.State.READY, Node.State.DRAINED],
+        ).values_list("pk", "attempt")
+    )
+    recent = _recently_sent(Dispatch.Kind.STOP, stopping, resend_before)
+    resend = [job_id for job_id, attempt in stopping if (job_id, attempt) not in recent]
+    if resend:
+        log.info("re-sending stop of jobs %s (still holding slices)", resend)
+        request_stops(resend, now=now)
+        result.stops_resent = len(resend)

@@ -1,0 +1,213 @@
+"""Writes about jobs: submit, cancel, hold and release.
+
+Every state change goes through ``portal.jobs.transitions.transition`` (a guarded UPDATE plus
+an event). Scheduling never happens here: a submit asks for a pass after commit, and a cancel
+of a running job asks the agent to stop it after commit; the agent's ``finished`` report
+moves the job to CANCELLED and frees its slices.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.utils import timezone
+
+from portal.jobs.models import HOLDING_STATES, Job, JobDependency, JobEvent, JobState
+from portal.jobs.transitions import record_event, transition
+from portal.jobs.validation import JobRequest
+from portal.scheduling.triggers import schedule_pass_on_commit
+from portal.tenants.models import Membership
+from portal.tenants.selectors import is_site_admin
+
+log = logging.getLogger("portal.jobs")
+
+# A state change may race with the scheduler or an agent report; retry this often on a moved
+# state before giving up.
+_RACE_RETRIES = 3
+_CLEARED_EXPLANATION = {
+    "pending_code": "",
+    "pending_message": "",
+    "pending_numbers": {},
+    "queue_position": None,
+    "estimated_start_at": None,
+}
+
+
+class JobActionError(Exception):
+    """An action the job's state does not allow (cancelling a finished job, ...)."""
+
+
+def job_submit(*, user: Any, request: JobRequest) -> Job:
+    """Store a validated request as a PENDING job and ask for a scheduling pass on commit."""
+    now = timezone.now()
+    gpu = request.gpu
+    with transaction.atomic():
+        job = Job.objects.create(
+            team=request.team,
+            user=user,
+            name=request.name,
+            image=request.image,
+            command=list(request.command),
+            env=dict(request.env),
+            gpu_kind=gpu.kind,
+            gpu_count=gpu.count,
+            gpu_min_count=gpu.min_count or 0,
+            gpu_profile=gpu.profile,
+            gpu_model=gpu.model,
+            multi_node=gpu.multi_node,
+            priority=request.priority,
+            time_limit_s=request.time_limit_s,
+            preemptible=request.preemptible,
+            state=JobState.PENDING,
+            attempt=0,
+            submitted_at=now,
+            queued_since=now,
+        )
+        JobDependency.objects.bulk_create(
+            JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
+            for dependency in request.depends_on
+        )
+        JobEvent.objects.create(
+            job=job,
+            at=now,
+            from_state="",
+            to_state=JobState.PENDING,
+            attempt=0,
+            message=f"submitted by {user.get_username()}",
+        )
+        schedule_pass_on_commit()
+    log.info("job %s submitted by %s to team %s", job.pk, user, request.team.name)
+    return job
+
+
+def can_act_on_job(*, user: Any, job: Job) -> bool:
+    """Who may cancel, hold or release a job: its owner, an admin of its team, a site admin."""
+    if is_site_admin(user):
+        return True
+    if not getattr(user, "is_authenticated", False):
+        return False
+    if job.user_id == user.pk:
+        return Membership.objects.filter(team_id=job.team_id, user=user).exists()
+    return Membership.objects.filter(
+        team_id=job.team_id, user=user, role=Membership.Role.ADMIN
+    ).exists()
+
+
+def job_cancel(*, job: Job, user: Any) -> Job:
+    """Cancel ``job``: at once when it waits, through its agent when it holds slices.
+
+    Raises ``PermissionDenied`` when ``user`` may not, ``JobActionError`` when the job ended.
+    """
+    _check_may_act(job=job, user=user, verb="cancel")
+    who = user.get_username()
+    for _ in range(_RACE_RETRIES):
+        state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+        if state in (JobState.PENDING, JobState.HELD):
+            if _cancel_waiting(job, who):
+                break
+        elif state in HOLDING_STATES:
+            if _request_cancel_stop(job, who):
+                break
+        elif state in (JobState.PREEMPTED, JobState.LOST):
+            raise JobActionError(
+                f"job {job.pk} is {state} and about to be requeued; cancel it again in a few seconds"
+            )
+        else:
+            raise JobActionError(f"job {job.pk} already ended ({state}); nothing to cancel")
+    else:
+        raise JobActionError(f"job {job.pk} keeps changing state; try again")
+    job.refresh_from_db()
+    return job
+
+
+def _cancel_waiting(job: Job, who: str) -> bool:
+    now = timezone.now()
+    left = transition(
+        job.pk,
+        to=JobState.CANCELLED,
+        from_states=[JobState.PENDING, JobState.HELD],
+        message=f"cancelled by {who}",
+        at=now,
+        finished_at=now,
+        reason=f"cancelled by {who}",
+        **_CLEARED_EXPLANATION,
+    )
+    return left is not None
+
+
+def _request_cancel_stop(job: Job, who: str) -> bool:
+    """Mark a job that holds slices as to be stopped for a cancel; send the stop after commit.
+
+    Asking twice is harmless: the mark is set once, and the stop message is sent again (the
+    agent ignores a stop for a job it already stopped), which also covers a lost message.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        holding = Job.objects.filter(pk=job.pk, state__in=HOLDING_STATES)
+        marked = holding.filter(stop_requested_at__isnull=True).update(
+            stop_requested_at=now, stop_reason="cancel"
+        )
+        # A job being preempted is stopping already; make its end a cancel, not a requeue.
+        if not marked:
+            marked = holding.exclude(stop_reason="cancel").update(stop_reason="cancel")
+        if not marked and not holding.exists():
+            return False  # it left ASSIGNED/RUNNING meanwhile: look again
+        attempt = Job.objects.filter(pk=job.pk).values_list("attempt", flat=True).get()
+        if marked:
+            record_event(job.pk, message=f"cancel requested by {who}", attempt=attempt, at=now)
+        transaction.on_commit(lambda: _send_stop(job.pk))
+    return True
+
+
+def _send_stop(job_id: int) -> None:
+    # Looked up at call time: the dispatch module belongs to the scheduling shell.
+    dispatch = importlib.import_module("portal.cluster.dispatch")
+    dispatch.request_stop(job_id)
+
+
+def job_hold(*, job: Job, user: Any) -> Job:
+    """Keep a PENDING job from being scheduled until it is released."""
+    _check_may_act(job=job, user=user, verb="hold")
+    left = transition(
+        job.pk,
+        to=JobState.HELD,
+        from_states=[JobState.PENDING],
+        message=f"held by {user.get_username()}",
+        **_CLEARED_EXPLANATION,
+    )
+    if left is None:
+        state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+        raise JobActionError(f"job {job.pk} is {state}; only a PENDING job can be held")
+    job.refresh_from_db()
+    return job
+
+
+def job_release(*, job: Job, user: Any) -> Job:
+    """Put a HELD job back in the queue, at the end: holding does not keep a place."""
+    _check_may_act(job=job, user=user, verb="release")
+    with transaction.atomic():
+        left = transition(
+            job.pk,
+            to=JobState.PENDING,
+            from_states=[JobState.HELD],
+            message=f"released by {user.get_username()}",
+            queued_since=timezone.now(),
+        )
+        if left is None:
+            state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+            raise JobActionError(f"job {job.pk} is {state}; only a HELD job can be released")
+        schedule_pass_on_commit()
+    job.refresh_from_db()
+    return job
+
+
+def _check_may_act(*, job: Job, user: Any, verb: str) -> None:
+    if not can_act_on_job(user=user, job=job):
+        raise PermissionDenied(
+            f"only the job's owner, an admin of team {job.team.name} or a site admin "
+            f"may {verb} job {job.pk}"
+        )

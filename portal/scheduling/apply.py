@@ -1,0 +1,317 @@
+"""Apply one pass's decisions to the database, inside the pass's transaction.
+
+Every write is guarded by the state the snapshot saw, so a job that changed since (a cancel
+that committed between the snapshot and now) is left alone instead of overwritten:
+
+1. Fail     - PENDING -> FAILED with the core's reason (a dependency failed).
+2. Preempt  - ask a holding job to stop: ``stop_requested_at``/``stop_reason=preempt`` + event.
+              The agent stops it; its ``finished`` report frees the slices and requeues it.
+3. Assign   - PENDING -> ASSIGNED (attempt + 1, node, borrowed, assigned_at) + one Allocation
+              per slice, for all placed jobs in a few statements. The partial unique index on
+              active allocations makes double booking impossible: if the batch hits it, the
+              batch is rolled back and retried job by job, each in its own savepoint, and a
+              job that still conflicts stays pending.
+4. Pending  - reason, numbers, queue position and estimated start of every job left waiting,
+              written only where they changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import IntegrityError, connection, transaction
+
+from portal.cluster.models import Allocation
+from portal.jobs.models import HOLDING_STATES, Job, JobEvent, JobState
+from portal.jobs.transitions import check_transition, transition
+from portal.scheduling.bulk import insert_rows, update_rows
+from portal.scheduling.snapshot import LoadedSnapshot
+from scheduler.model import Assign, Decisions, Pending, Preempt
+
+log = logging.getLogger("portal.scheduling")
+
+# Rows locked per SELECT ... FOR UPDATE (keeps the IN list short).
+_LOCK_CHUNK = 2_000
+
+# The columns a pass writes on every job it leaves pending: code, message, numbers, queue
+# position, estimated start.
+Explanation = tuple[str, str, dict[str, Any], int | None, datetime | None]
+_CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None)
+_ASSIGN_COLUMNS = (
+    "state",
+    "attempt",
+    "node",
+    "borrowed",
+    "assigned_at",
+    "pending_code",
+    "pending_message",
+    "pending_numbers",
+    "queue_position",
+    "estimated_start_at",
+)
+_EXPLANATION_COLUMNS = (
+    "pending_code",
+    "pending_message",
+    "pending_numbers",
+    "queue_position",
+    "estimated_start_at",
+)
+
+
+@dataclass(slots=True)
+class Applied:
+    assigned: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    failed: list[int] = field(default_factory=list)
+    # Placed by the core but left pending: the job changed since the snapshot, or one of
+    # its slices turned out to be held (the unique index said no).
+    conflicts: list[int] = field(default_factory=list)
+    pending: int = 0  # jobs left pending
+    explanations_written: int = 0  # of those, rows whose explanation changed
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    job_id: int
+    attempt: int  # the new attempt
+    node_id: int
+    borrowed: bool
+    slice_ids: tuple[int, ...]
+    message: str
+
+
+class _LostRace(IntegrityError):
+    """Fewer rows matched than planned: a job left PENDING after we read it."""
+
+
+def apply_decisions(decisions: Decisions, *, loaded: LoadedSnapshot) -> Applied:
+    applied = Applied()
+    now = loaded.now
+    applied.failed = _fail(decisions, loaded, now)
+    applied.preempted = _preempt(decisions, loaded, now)
+    applied.assigned, applied.conflicts = _assign(decisions.assign, loaded, now)
+    applied.pending = len(decisions.pending)
+    applied.explanations_written = _explain(decisions.pending, loaded)
+    return applied
+
+
+# --- 1. fail ------------------------------------------------------------------------------
+
+
+def _fail(decisions: Decisions, loaded: LoadedSnapshot, now: datetime) -> list[int]:
+    failed = []
+    for decision in decisions.fail:
+        job_id = int(decision.job_id)
+        row = loaded.pending.get(job_id)
+        if row is None:
+            continue
+        left = transition(
+            job_id,
+            to=JobState.FAILED,
+            from_states=[JobState.PENDING],
+            attempt=row.attempt,
+            message=decision.reason,
+            at=now,
+            reason=decision.reason,
+            finished_at=now,
+            **_explanation_fields(_CLEARED_EXPLANATION),
+        )
+        if left is not None:
+            failed.append(job_id)
+    return failed
+
+
+# --- 2. preempt ---------------------------------------------------------------------------
+
+
+def _preempt(decisions: Decisions, loaded: LoadedSnapshot, now: datetime) -> list[int]:
+    """Ask each victim to stop, once: only a job still holding the attempt the snapshot saw
+    and not already stopping. Its slices stay allocated until its agent reports the stop."""
+    wanted: dict[int, Preempt] = {}
+    for decision in decisions.preempt:
+        row = loaded.holding.get(int(decision.job_id))
+        if row is not None and not row.stop_requested:
+            wanted[int(decision.job_id)] = decision
+    if not wanted:
+        return []
+    rows = Job.objects.filter(
+        pk__in=list(wanted), state__in=HOLDING_STATES, stop_requested_at__isnull=True
+    )
+    if connection.features.has_select_for_update:
+        rows = rows.select_for_update()
+    victims = [
+        (pk, attempt, state)
+        for pk, attempt, state in rows.values_list("pk", "attempt", "state")
+        if attempt == loaded.holding[pk].attempt
+    ]
+    ids = [pk for pk, _, _ in victims]
+    Job.objects.filter(pk__in=ids).update(stop_requested_at=now, stop_reason="preempt")
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job_id=pk,
+            at=now,
+            from_state=state,
+            to_state=state,
+            attempt=attempt,
+            message=f"preemption requested: {_why(wanted[pk])}",
+        )
+        for pk, attempt, state in victims
+    )
+    return ids
+
+
+def _why(decision: Preempt) -> str:
+    if decision.for_job_id:
+        return f"{decision.reason} (for job {decision.for_job_id})"
+    return decision.reason
+
+
+# --- 3. assign ----------------------------------------------------------------------------
+
+
+def _assign(
+    decisions: Sequence[Assign], loaded: LoadedSnapshot, now: datetime
+) -> tuple[list[int], list[int]]:
+    if not decisions:
+        return [], []
+    check_transition(JobState.PENDING, JobState.ASSIGNED)
+    attempts = _lock_pending([int(d.job_id) for d in decisions])
+    plans: list[_Plan] = []
+    conflicts: list[int] = []
+    for decision in decisions:
+        job_id = int(decision.job_id)
+        plan = _plan(decision, attempts.get(job_id), loaded)
+        if plan is None:
+            conflicts.append(job_id)
+        else:
+            plans.append(plan)
+    try:
+        with transaction.atomic():
+            _write_assignments(plans, now)
+        return [p.job_id for p in plans], conflicts
+    except IntegrityError as error:
+        # Someone holds one of these slices (or a job moved on): find out which, one by one.
+        log.warning("assigning %d jobs at once failed (%s); retrying one by one", len(plans), error)
+    assigned = []
+    for plan in plans:
+        try:
+            with transaction.atomic():
+                _write_assignments([plan], now)
+            assigned.append(plan.job_id)
+        except IntegrityError as error:
+            log.warning("job %s left pending: %s", plan.job_id, error)
+            conflicts.append(plan.job_id)
+    return assigned, conflicts
+
+
+def _lock_pending(job_ids: list[int]) -> dict[int, int]:
+    """job id -> attempt, for the jobs still PENDING; on PostgreSQL their rows are locked
+    until the pass commits, so a concurrent cancel waits instead of racing the assignment."""
+    attempts: dict[int, int] = {}
+    for start in range(0, len(job_ids), _LOCK_CHUNK):
+        chunk = job_ids[start : start + _LOCK_CHUNK]
+        rows = Job.objects.filter(pk__in=chunk, state=JobState.PENDING)
+        if connection.features.has_select_for_update:
+            rows = rows.select_for_update()
+        attempts.update(rows.values_list("pk", "attempt"))
+    return attempts
+
+
+def _plan(decision: Assign, attempt: int | None, loaded: LoadedSnapshot) -> _Plan | None:
+    expected = loaded.pending.get(int(decision.job_id))
+    if attempt is None or expected is None or expected.attempt != attempt:
+        return None
+    node_id = loaded.node_pks.get(decision.node)
+    slice_ids = [loaded.slice_pks.get(s) for s in decision.slice_ids]
+    if node_id is None or not slice_ids or None in slice_ids:
+        return None
+    nodes = ", ".join(decision.nodes) if decision.nodes else decision.node
+    message = f"assigned to {nodes}: {', '.join(decision.slice_ids)}"
+    if decision.borrowed:
+        message += " (borrowed capacity: preemptible by reclaim)"
+    return _Plan(
+        job_id=int(decision.job_id),
+        attempt=attempt + 1,
+        node_id=node_id,
+        borrowed=decision.borrowed,
+        slice_ids=tuple(s for s in slice_ids if s is not None),
+        message=message,
+    )
+
+
+def _write_assignments(plans: Sequence[_Plan], now: datetime) -> None:
+    if not plans:
+        return
+    rows = [
+        (
+            p.job_id,
+            JobState.ASSIGNED.value,
+            p.attempt,
+            p.node_id,
+            p.borrowed,
+            now,
+            *_CLEARED_EXPLANATION,
+        )
+        for p in plans
+    ]
+    if update_rows(Job, _ASSIGN_COLUMNS, rows, where_state=JobState.PENDING) != len(plans):
+        raise _LostRace("a job left PENDING while the pass applied its decisions")
+    insert_rows(
+        JobEvent,
+        ("job", "at", "from_state", "to_state", "attempt", "message"),
+        [
+            (p.job_id, now, JobState.PENDING.value, JobState.ASSIGNED.value, p.attempt, p.message)
+            for p in plans
+        ],
+    )
+    insert_rows(
+        Allocation,
+        ("job", "attempt", "slice", "created_at", "released_at"),
+        [(p.job_id, p.attempt, slice_id, now, None) for p in plans for slice_id in p.slice_ids],
+    )
+
+
+# --- 4. explain ---------------------------------------------------------------------------
+
+
+def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
+    rows = [
+        (int(d.job_id), *explanation_of(d)) for d in decisions if int(d.job_id) in loaded.pending
+    ]
+    # Only rows whose explanation changed are written (the database compares).
+    return update_rows(
+        Job, _EXPLANATION_COLUMNS, rows, where_state=JobState.PENDING, only_changed=True
+    )
+
+
+def explanation_of(decision: Pending) -> Explanation:
+    """The stored form of a Pending decision: code, message, numbers, position, estimate."""
+    eta = decision.eta
+    when = datetime.fromtimestamp(eta, tz=UTC) if eta is not None and math.isfinite(eta) else None
+    return (
+        decision.reason.code.value,
+        decision.reason.message,
+        _json_numbers(decision.reason.numbers),
+        max(decision.position, 0),
+        when,
+    )
+
+
+def _json_numbers(numbers: Mapping[str, float | str]) -> dict[str, Any]:
+    # JSON has no infinity or NaN; say them in words instead of failing the pass.
+    out: dict[str, Any] = {}
+    for key, value in numbers.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            out[key] = "unlimited" if value > 0 else str(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _explanation_fields(explanation: Explanation) -> dict[str, Any]:
+    return dict(zip(_EXPLANATION_COLUMNS, explanation, strict=True))

@@ -1,0 +1,164 @@
+"""Update many rows with different values in one statement per few thousand rows.
+
+Django's ``bulk_update`` writes ``CASE WHEN id = ... THEN ...`` per column, and a VALUES list
+with one placeholder per value makes the driver parse a statement with tens of thousands of
+placeholders; both are slow for the thousands of pending jobs one pass explains. Here the
+rows travel as ONE JSON parameter that the database unpacks itself:
+
+- PostgreSQL: ``UPDATE t SET a = v.a FROM jsonb_to_recordset(%s::jsonb) AS v(id bigint, a text)
+  WHERE t.id = v.id``
+- SQLite: ``UPDATE t SET a = json_extract(v.value, '$[1]') FROM json_each(%s) AS v
+  WHERE t.id = json_extract(v.value, '$[0]')``
+
+An optional guard on the row's current state means an update never overwrites a job that
+moved on since the snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, models
+
+_ROWS_PER_STATEMENT = 5_000
+
+
+def update_rows(
+    model: type[models.Model],
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    where_state: str | None = None,
+    only_changed: bool = False,
+) -> int:
+    """``rows`` are ``(pk, value of columns[0], value of columns[1], ...)``. Returns rows updated.
+
+    ``where_state`` only touches rows whose ``state`` column still has that value;
+    ``only_changed`` skips rows whose columns already hold these values (and does not count
+    them), so a pass that explains the same queue again writes nothing.
+    """
+    if not rows:
+        return 0
+    fields = [model._meta.get_field(name) for name in columns]
+    pk_column = model._meta.pk.column  # type: ignore[union-attr]
+    build = _postgres_sql if connection.vendor == "postgresql" else _sqlite_sql
+    sql = build(model, fields, guarded=where_state is not None, only_changed=only_changed)
+    updated = 0
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[start : start + _ROWS_PER_STATEMENT]
+            payload = json.dumps([_json_row(pk_column, fields, row) for row in chunk])
+            params: list[Any] = [payload] if where_state is None else [payload, where_state]
+            cursor.execute(sql, params)
+            updated += _rows_changed(cursor)
+    return updated
+
+
+def insert_rows(
+    model: type[models.Model], columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+) -> None:
+    """``INSERT`` one row per tuple of ``columns`` values (no pk: the database assigns it).
+
+    A constraint violation raises ``IntegrityError`` as ``bulk_create`` would, for the
+    caller's savepoint to roll back.
+    """
+    if not rows:
+        return
+    fields = [model._meta.get_field(name) for name in columns]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    names = [quote(f.column) for f in fields]
+    if connection.vendor == "postgresql":
+        types = ", ".join(
+            f"{n} {f.db_type(connection)}" for n, f in zip(names, fields, strict=True)
+        )
+        source = f"SELECT {', '.join(names)} FROM jsonb_to_recordset(%s::jsonb) AS v({types})"
+    else:
+        values = ", ".join(f"json_extract(value, '$[{i}]')" for i in range(len(fields)))
+        source = f"SELECT {values} FROM json_each(%s)"
+    sql = f"INSERT INTO {table} ({', '.join(names)}) {source}"
+    with connection.cursor() as cursor:
+        for start in range(0, len(rows), _ROWS_PER_STATEMENT):
+            chunk = rows[start : start + _ROWS_PER_STATEMENT]
+            cursor.execute(sql, [json.dumps([_json_values(fields, row) for row in chunk])])
+
+
+def _json_values(fields: list[Any], row: tuple[Any, ...]) -> Any:
+    if connection.vendor == "postgresql":
+        return {f.column: _pg_value(v) for f, v in zip(fields, row, strict=True)}
+    return [_sqlite_value(f, v) for f, v in zip(fields, row, strict=True)]
+
+
+def _postgres_sql(
+    model: type[models.Model], fields: list[Any], *, guarded: bool, only_changed: bool
+) -> str:
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    pk = quote(model._meta.pk.column)  # type: ignore[union-attr]
+    names = [quote(f.column) for f in fields]
+    types = [f"{name} {f.db_type(connection)}" for name, f in zip(names, fields, strict=True)]
+    assignments = ", ".join(f"{name} = v.{name}" for name in names)
+    guard = f" AND {table}.{quote('state')} = %s" if guarded else ""
+    if only_changed:
+        changed = " OR ".join(f"{table}.{name} IS DISTINCT FROM v.{name}" for name in names)
+        guard += f" AND ({changed})"
+    return (
+        f"UPDATE {table} SET {assignments} "
+        f"FROM jsonb_to_recordset(%s::jsonb) AS v({pk} bigint, {', '.join(types)}) "
+        f"WHERE {table}.{pk} = v.{pk}{guard}"
+    )
+
+
+def _sqlite_sql(
+    model: type[models.Model], fields: list[Any], *, guarded: bool, only_changed: bool
+) -> str:
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    pk = quote(model._meta.pk.column)  # type: ignore[union-attr]
+    values = [
+        (quote(f.column), f"json_extract(v.value, '$[{i}]')") for i, f in enumerate(fields, 1)
+    ]
+    assignments = ", ".join(f"{name} = {value}" for name, value in values)
+    # The unary + keeps SQLite from driving the join from the state index, which would scan
+    # the whole JSON list once per matching job (minutes for a queue of thousands).
+    guard = f" AND +{table}.{quote('state')} = %s" if guarded else ""
+    if only_changed:
+        changed = " OR ".join(f"{table}.{name} IS NOT {value}" for name, value in values)
+        guard += f" AND ({changed})"
+    return (
+        f"UPDATE {table} SET {assignments} FROM json_each(%s) AS v "
+        f"WHERE {table}.{pk} = json_extract(v.value, '$[0]'){guard}"
+    )
+
+
+def _json_row(pk_column: str, fields: list[Any], row: tuple[Any, ...]) -> Any:
+    if connection.vendor == "postgresql":
+        # jsonb_to_recordset reads objects keyed by column name.
+        names = [pk_column, *(f.column for f in fields)]
+        return {name: _pg_value(value) for name, value in zip(names, row, strict=True)}
+    return [row[0], *(_sqlite_value(f, v) for f, v in zip(fields, row[1:], strict=True))]
+
+
+def _pg_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+def _sqlite_value(field: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(field, models.JSONField):
+        return json.dumps(value)  # stored as JSON text; a bare string would lose its quotes
+    if isinstance(value, datetime):
+        return connection.ops.adapt_datetimefield_value(value)
+    return value
+
+
+def _rows_changed(cursor: Any) -> int:
+    if connection.vendor == "sqlite":
+        # Python's sqlite3 does not always know how many rows an UPDATE ... FROM changed.
+        cursor.execute("SELECT changes()")
+        return int(cursor.fetchone()[0])
+    return int(cursor.rowcount)

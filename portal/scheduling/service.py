@@ -1,0 +1,121 @@
+"""One scheduling pass: lock, snapshot, decide, apply, commit, then tell the agents.
+
+1. Lock      - one scheduler at a time (``portal.scheduling.lock``); a pass that does not
+               get the lock is skipped, not queued.
+2. Snapshot  - ``load_snapshot``: a fixed number of queries, inside the pass's transaction.
+3. Decide    - ``scheduler.schedule(snapshot, now=..., config=...)``, the pure core.
+4. Apply     - ``apply_decisions``: guarded updates, allocations, explanations.
+5. Commit    - the transaction ends; PostgreSQL releases the advisory lock.
+6. Dispatch  - after commit, one launch per placed job and one stop per preempted job.
+               Never before: an agent must not start a job the database does not hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.cluster.dispatch import request_stops, send_launches
+from portal.scheduling.apply import Applied, apply_decisions
+from portal.scheduling.config import scheduler_config
+from portal.scheduling.lock import scheduler_file_lock, try_advisory_lock
+from portal.scheduling.models import SchedulerState
+from portal.scheduling.snapshot import load_snapshot
+from scheduler import schedule
+
+log = logging.getLogger("portal.scheduling")
+
+
+@dataclass(frozen=True, slots=True)
+class PassResult:
+    status: Literal["ran", "skipped"]
+    assigned: tuple[int, ...] = ()
+    preempted: tuple[int, ...] = ()
+    failed: tuple[int, ...] = ()
+    conflicts: tuple[int, ...] = ()  # placed by the core, left pending by a conflict
+    pending: int = 0
+    explanations_written: int = 0
+    load_ms: float = 0.0
+    decide_ms: float = 0.0
+    apply_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+SKIPPED = PassResult(status="skipped")
+
+
+def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
+    """Run one pass now, unless another pass holds the scheduler lock (then "skipped")."""
+    config = scheduler_config()
+    began = time.perf_counter()
+    with scheduler_file_lock() as got_file_lock:
+        if not got_file_lock:
+            return SKIPPED
+        with transaction.atomic():
+            if not try_advisory_lock():
+                return SKIPPED
+            when = now or timezone.now()
+            loaded = load_snapshot(now=when, config=config)
+            loaded_at = time.perf_counter()
+            decisions = schedule(loaded.snapshot, now=when.timestamp(), config=config)
+            decided_at = time.perf_counter()
+            applied = apply_decisions(decisions, loaded=loaded)
+            applied_at = time.perf_counter()
+            _record_pass(when, applied, (applied_at - began) * 1000)
+            assigned, preempted = list(applied.assigned), list(applied.preempted)
+            transaction.on_commit(lambda: dispatch_after_pass(assigned, preempted), robust=True)
+    result = PassResult(
+        status="ran",
+        assigned=tuple(applied.assigned),
+        preempted=tuple(applied.preempted),
+        failed=tuple(applied.failed),
+        conflicts=tuple(applied.conflicts),
+        pending=applied.pending,
+        explanations_written=applied.explanations_written,
+        load_ms=(loaded_at - began) * 1000,
+        decide_ms=(decided_at - loaded_at) * 1000,
+        apply_ms=(applied_at - decided_at) * 1000,
+        total_ms=(time.perf_counter() - began) * 1000,
+    )
+    if result.assigned or result.preempted or result.failed or result.conflicts:
+        log.info(
+            "pass: %d assigned, %d preempted, %d failed, %d conflicts, %d pending in %.0f ms",
+            len(result.assigned),
+            len(result.preempted),
+            len(result.failed),
+            len(result.conflicts),
+            result.pending,
+            result.total_ms,
+        )
+    return result
+
+
+def dispatch_after_pass(assigned: list[int], preempted: list[int]) -> None:
+    """Launch the placed jobs and stop the victims; a failure here is repaired by the reaper."""
+    if assigned:
+        send_launches(assigned)
+    if preempted:
+        request_stops(preempted)
+
+
+def _record_pass(when: datetime, applied: Applied, duration_ms: float) -> None:
+    state, _ = SchedulerState.objects.get_or_create(pk=1)
+    state.snapshot_at = when
+    state.finished_at = timezone.now()
+    state.duration_ms = duration_ms
+    state.passes += 1
+    state.assigned = len(applied.assigned)
+    state.preempted = len(applied.preempted)
+    state.pending = applied.pending
+    state.save()
+
+
+def last_snapshot_at() -> datetime | None:
+    """When the latest committed pass took its snapshot (for coalescing triggers)."""
+    return SchedulerState.objects.filter(pk=1).values_list("snapshot_at", flat=True).first()

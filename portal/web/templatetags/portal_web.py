@@ -1,0 +1,89 @@
+"""Small formatting filters for the pages."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from django import template
+from django.utils import timezone
+from django.utils.timesince import timesince
+
+register = template.Library()
+
+
+@register.filter
+def units(value: Any) -> str:
+    """GPU units as people read them: ``1``, ``0.43``, ``—`` for none."""
+    if value is None or value == "":
+        return "—"
+    return f"{round(float(value), 2):g}"
+
+
+@register.filter
+def gpu_request(job: Any) -> str:
+    """A job's GPU request in words: ``2 × whole GPU (NVIDIA A100)``, ``1 × MIG 1g.10gb``."""
+    count = f"{job.gpu_min_count}–{job.gpu_count}" if job.gpu_min_count else str(job.gpu_count)
+    if job.gpu_kind == "mig":
+        what = f"MIG {job.gpu_profile}"
+    elif job.gpu_kind == "mps":
+        what = "MPS share" if job.gpu_count == 1 else "MPS shares"
+    else:
+        what = "whole GPU" if job.gpu_count == 1 else "whole GPUs"
+        if job.gpu_model:
+            what += f" ({job.gpu_model})"
+    return f"{count} × {what}"
+
+
+@register.filter
+def seconds(value: Any) -> str:
+    """A duration in seconds as ``1h 05m``, ``3m 20s``, ``45s``; ``—`` for none."""
+    if value is None or value == "":
+        return "—"
+    total = int(value)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"
+
+
+@register.filter
+def percent_of(value: Any, whole: Any) -> float:
+    """``value`` as a percentage of ``whole``, capped to 0..100 (for meters)."""
+    try:
+        share = 100.0 * float(value) / float(whole)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return 0.0
+    return max(0.0, min(100.0, share))
+
+
+@register.filter
+def shell_join(argv: Any) -> str:
+    """A command's argv as one line a shell would split back the same way.
+
+    Double quotes where they are enough (``python -c "print('hi')"``, as people type it);
+    shlex's single quotes otherwise.
+    """
+    if isinstance(argv, str):
+        return argv
+    return " ".join(_shell_quote(str(arg)) for arg in argv or ())
+
+
+def _shell_quote(arg: str) -> str:
+    quoted = shlex.quote(arg)
+    if quoted == arg or any(c in arg for c in '"\\$`!'):
+        return quoted
+    return f'"{arg}"'
+
+
+@register.filter
+def ago(when: Any) -> str:
+    """``just now`` for the last minute, else ``5 minutes ago``."""
+    if when is None:
+        return "—"
+    if (timezone.now() - when).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(when)} ago"

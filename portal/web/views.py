@@ -1,0 +1,288 @@
+"""The server-rendered pages: thin function views over the services and selectors.
+
+A page that refreshes itself renders, for an htmx request, only the fragment that changes
+(``template.html#partial``, django-template-partials), so the poll never ships the whole page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required as django_login_required
+from django.contrib.auth.views import redirect_to_login
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render, resolve_url
+from django.utils.cache import patch_vary_headers
+from django.views.decorators.http import require_http_methods, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from portal.cluster.models import Gpu, Slice
+from portal.jobs.models import HOLDING_STATES, Job, JobState
+from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log, job_slices
+from portal.jobs.services import JobActionError, can_act_on_job, job_cancel, job_submit
+from portal.jobs.validation import JobRequestError, validate_job_request
+from portal.tenants.models import PRIORITY_CLASSES, Team
+from portal.tenants.selectors import (
+    is_site_admin,
+    member_teams,
+    team_overview,
+    team_overviews,
+    teams_for_user,
+)
+from portal.tenants.services import QuotaError, quota_update
+from portal.web.forms import (
+    job_form_errors,
+    job_form_values,
+    job_request_data,
+    quota_form_values,
+)
+from scheduler.units import MIG_PROFILES
+
+# How many jobs the list shows; the filters narrow it down.
+JOB_LIST_LIMIT = 200
+# The job page shows the end of a long log; the API serves all of it.
+LOG_TAIL_CHARS = 256 * 1024
+# A form sent back with errors; base.html tells htmx to swap this status like a 200.
+UNPROCESSABLE = 422
+CANCELLABLE_STATES = frozenset({JobState.PENDING, JobState.HELD, *HOLDING_STATES})
+
+
+def login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Django's login_required, but an htmx poll whose session ended moves the whole page to
+    the login form (HX-Redirect) instead of swapping the login form into a fragment."""
+    guarded = django_login_required(view)
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.htmx and not request.user.is_authenticated:
+            back = request.htmx.current_url_abs_path or request.get_full_path()
+            login = redirect_to_login(back, resolve_url(settings.LOGIN_URL))
+            return HttpResponseClientRedirect(login["Location"])
+        return guarded(request, *args, **kwargs)
+
+    return wrapper
+
+
+def _render(
+    request: HttpRequest, template: str, partial: str, context: dict[str, Any], status: int = 200
+) -> HttpResponse:
+    """The whole page, or only its ``partial`` when htmx asks (but not to restore history)."""
+    fragment_only = bool(request.htmx) and not request.htmx.history_restore_request
+    name = f"{template}#{partial}" if fragment_only else template
+    response = render(request, name, context, status=status)
+    # One URL answers two shapes: caches must keep them apart.
+    patch_vary_headers(response, ("HX-Request",))
+    return response
+
+
+# --- jobs ----------------------------------------------------------------------------
+
+
+@login_required
+def job_list(request: HttpRequest) -> HttpResponse:
+    teams = list(teams_for_user(user=request.user))
+    state = request.GET.get("state", "")
+    team = request.GET.get("team", "")
+    if state not in JobState.values:
+        state = ""
+    if team not in {t.name for t in teams}:
+        team = ""
+    jobs = job_list_for_user(user=request.user, state=state or None, team=team or None)
+    context = {
+        "nav": "jobs",
+        "jobs": list(jobs[:JOB_LIST_LIMIT]),
+        "limit": JOB_LIST_LIMIT,
+        "states": JobState.values,
+        "teams": teams,
+        "state": state,
+        "team": team,
+        "query": request.GET.urlencode(),
+    }
+    return _render(request, "web/job_list.html", "job_table", context)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def job_submit_view(request: HttpRequest) -> HttpResponse:
+    teams = list(member_teams(user=request.user).order_by("name"))
+    values = job_form_values(request.POST if request.method == "POST" else None)
+    if request.method == "GET" and len(teams) == 1:
+        values["team"] = teams[0].name
+    errors: dict[str, str] = {}
+    general: list[str] = []
+    if request.method == "POST":
+        try:
+            job_request = validate_job_request(job_request_data(values), user=request.user)
+        except JobRequestError as error:
+            errors, general = job_form_errors(error.errors)
+        else:
+            job = job_submit(user=request.user, request=job_request)
+            messages.success(request, f"Job {job.pk} submitted.")
+            return redirect("web:job_detail", job_id=job.pk)
+    profiles_here, models_here = _cluster_offer()
+    context = {
+        "nav": "submit",
+        "values": values,
+        "errors": errors,
+        "general_errors": general,
+        "teams": teams,
+        "priorities": PRIORITY_CLASSES,
+        "mig_profiles": _mig_profile_choices(profiles_here),
+        "gpu_models": models_here,
+    }
+    return render(
+        request, "web/job_submit.html", context, status=UNPROCESSABLE if errors or general else 200
+    )
+
+
+def _cluster_offer() -> tuple[set[str], list[str]]:
+    """MIG profiles and GPU models this cluster has now, to put them first in the form."""
+    profiles = set(
+        Slice.objects.filter(kind=Slice.Kind.MIG, present=True)
+        .values_list("profile", flat=True)
+        .distinct()
+    )
+    models = sorted(
+        set(
+            Gpu.objects.filter(present=True)
+            .exclude(model="")
+            .values_list("model", flat=True)
+            .distinct()
+        )
+    )
+    return profiles, models
+
+
+def _mig_profile_choices(here: set[str]) -> list[dict[str, Any]]:
+    """Every known MIG profile, smallest first, in two groups: on this cluster now, and not."""
+    ordered = sorted(MIG_PROFILES.values(), key=lambda p: (p.compute_slices, p.memory_gb, p.name))
+    groups = [
+        ("On this cluster", [p for p in ordered if p.name in here]),
+        ("Other known profiles", [p for p in ordered if p.name not in here]),
+    ]
+    return [
+        {"label": label, "profiles": [{"name": p.name, "units": p.units} for p in profiles]}
+        for label, profiles in groups
+        if profiles
+    ]
+
+
+def _job_for(request: HttpRequest, job_id: int) -> Job:
+    """The job if the user may see it; 404 for a missing job and for another team's alike."""
+    try:
+        return job_get_for_user(user=request.user, job_id=job_id)
+    except Job.DoesNotExist:
+        raise Http404("no such job") from None
+
+
+def _job_context(request: HttpRequest, job: Job, **extra: Any) -> dict[str, Any]:
+    log = job_log(job=job)
+    truncated = len(log) > LOG_TAIL_CHARS
+    stopping = job.stop_requested_at is not None and job.state in HOLDING_STATES
+    return {
+        "nav": "jobs",
+        "job": job,
+        "slices": job_slices(job=job),
+        "events": list(job.events.all()),
+        "log": log[-LOG_TAIL_CHARS:] if truncated else log,
+        "log_truncated": truncated,
+        "can_cancel": job.state in CANCELLABLE_STATES
+        and not (stopping and job.stop_reason == "cancel")
+        and can_act_on_job(user=request.user, job=job),
+        "stopping": stopping,
+        **extra,
+    }
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_for(request, job_id)
+    return _render(request, "web/job_detail.html", "job_live", _job_context(request, job))
+
+
+@login_required
+@require_POST
+def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_for(request, job_id)
+    problem = ""
+    try:
+        job = job_cancel(job=job, user=request.user)
+    except JobActionError as error:
+        problem = str(error)
+    if not request.htmx:
+        if problem:
+            messages.error(request, problem)
+        else:
+            messages.success(request, f"Cancel of job {job.pk} requested.")
+        return redirect("web:job_detail", job_id=job.pk)
+    job.refresh_from_db()
+    context = _job_context(request, job, action_error=problem)
+    return render(request, "web/job_detail.html#job_live", context)
+
+
+# --- teams ---------------------------------------------------------------------------
+
+
+def _team_for(request: HttpRequest, name: str) -> Team:
+    """The team if the user may see it (member or site admin); 404 otherwise, like the API."""
+    try:
+        return teams_for_user(user=request.user).get(name=name)
+    except Team.DoesNotExist:
+        raise Http404("no such team") from None
+
+
+def _my_role(overview: dict[str, Any], username: str) -> str:
+    for member in overview["members"]:
+        if member["username"] == username:
+            return str(member["role"])
+    return ""
+
+
+@login_required
+def team_list(request: HttpRequest) -> HttpResponse:
+    overviews = team_overviews(teams=teams_for_user(user=request.user).order_by("name"))
+    username = request.user.get_username()
+    rows = [{**overview, "my_role": _my_role(overview, username)} for overview in overviews]
+    return render(request, "web/team_list.html", {"nav": "teams", "teams": rows})
+
+
+def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, Any]:
+    overview = team_overview(team=team)
+    return {
+        "nav": "teams",
+        "team": team,
+        "overview": overview,
+        "my_role": _my_role(overview, request.user.get_username()),
+        "can_edit_quota": is_site_admin(request.user),
+        "priorities": PRIORITY_CLASSES,
+        "values": quota_form_values(None, overview),
+        "errors": {},
+        **extra,
+    }
+
+
+@login_required
+def team_detail(request: HttpRequest, name: str) -> HttpResponse:
+    team = _team_for(request, name)
+    return render(request, "web/team_detail.html", _team_context(request, team))
+
+
+@login_required
+@require_POST
+def team_quota(request: HttpRequest, name: str) -> HttpResponse:
+    team = _team_for(request, name)
+    values = quota_form_values(request.POST, {})
+    try:
+        # quota_update refuses anyone but a site admin (PermissionDenied: a 403).
+        team = quota_update(team=team, by=request.user, **values)
+    except QuotaError as error:
+        context = _team_context(request, team, values=values, errors=error.errors)
+        return _render(request, "web/team_detail.html", "quota", context, status=UNPROCESSABLE)
+    if not request.htmx:
+        messages.success(request, f"Quota of team {team.name} saved.")
+        return redirect("web:team_detail", name=team.name)
+    return render(request, "web/team_detail.html#quota", _team_context(request, team, saved=True))

@@ -1,0 +1,89 @@
+"""Messages to the agents: built from the database, safe to repeat, never raising on a
+broker failure."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from portal.celery import app
+from portal.cluster.dispatch import request_stop, send_launch
+from portal.cluster.models import Allocation, Dispatch
+from portal.cluster.testing import capture_sent_messages, register_node
+from portal.jobs.models import Job, JobState
+from portal.jobs.testing import allocate, make_job, make_team, make_user
+from workers.inventory import stable_uuid
+
+pytestmark = pytest.mark.django_db
+
+NODE = "node-1"
+GPU0 = stable_uuid("GPU", NODE, 0)
+
+
+@pytest.fixture
+def holding_job():
+    team = make_team("vision", limit_units=None)
+    alice = make_user("alice", team=team)
+    register_node(NODE)
+    job = make_job(team=team, user=alice, state=JobState.ASSIGNED, assigned_at=timezone.now())
+    allocate(job, [GPU0])
+    return job
+
+
+def test_a_broker_failure_is_logged_not_raised_and_not_recorded_as_sent(
+    holding_job, monkeypatch, caplog
+):
+    def broken(*args, **kwargs):
+        raise ConnectionError("broker is down")
+
+    monkeypatch.setattr(app, "send_task", broken)
+
+    send_launch(holding_job.pk)
+
+    assert "could not send agent.launch" in caplog.text
+    assert not Dispatch.objects.exists()  # so the reaper sends it again
+    assert Job.objects.get(pk=holding_job.pk).state == "ASSIGNED"
+
+
+def test_a_launch_is_only_sent_for_an_assigned_job(holding_job):
+    Job.objects.filter(pk=holding_job.pk).update(state=JobState.RUNNING)
+    with capture_sent_messages() as sent:
+        send_launch(holding_job.pk)
+    assert sent.launches() == []
+
+
+def test_a_stop_is_sent_only_when_asked_for_and_each_call_sends_it_again(holding_job, settings):
+    settings.SCHEDULER = {**settings.SCHEDULER, "grace_period_s": 45.0}
+    with capture_sent_messages() as sent:
+        request_stop(holding_job.pk)
+        assert sent.stops() == []
+
+        Job.objects.filter(pk=holding_job.pk).update(
+            stop_requested_at=timezone.now(), stop_reason="preempt"
+        )
+        request_stop(holding_job.pk)
+        request_stop(holding_job.pk)
+
+    expected = {
+        "type": "stop",
+        "v": 1,
+        "job_id": holding_job.pk,
+        "attempt": 1,
+        "reason": "preempt",
+        "grace_s": 45.0,  # a preemption's grace comes from the scheduler's config
+    }
+    assert sent.stops() == [(expected, f"node.{NODE}")] * 2
+    assert Dispatch.objects.get(job=holding_job, kind="stop").sends == 2
+
+
+def test_a_job_that_cannot_be_expressed_as_a_launch_fails_and_frees_its_slices(holding_job):
+    Job.objects.filter(pk=holding_job.pk).update(command=[])
+
+    with capture_sent_messages() as sent:
+        send_launch(holding_job.pk)
+
+    job = Job.objects.get(pk=holding_job.pk)
+    assert job.state == "FAILED"
+    assert job.reason == "cannot be launched: launch.command: must have at least one element"
+    assert sent.launches() == []
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()

@@ -1,0 +1,238 @@
+"""A scheduling pass end to end, in process: a node registered by its heartbeat, jobs of
+every slice kind, one pass, then the rows it wrote and the launch messages it sent."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from portal.cluster.models import Allocation, Slice
+from portal.cluster.testing import capture_sent_messages, register_node
+from portal.jobs.models import Job, JobEvent, JobState
+from portal.jobs.testing import make_job, make_team, make_user
+from portal.scheduling import lock
+from portal.scheduling.models import SchedulerState
+from portal.scheduling.service import run_schedule_pass
+from portal.scheduling.tasks import schedule_pass
+from workers.inventory import stable_uuid
+
+pytestmark = pytest.mark.django_db
+
+NODE = "node-1"
+GPU_MEMORY_MB = 81920  # the described inventory's default A100 80GB
+
+
+@pytest.fixture
+def vision():
+    team = make_team("vision", guaranteed_units=2.0, limit_units=None)
+    return team, make_user("alice", team=team)
+
+
+def _run_pass(capture_callbacks, **kwargs):
+    with capture_sent_messages() as sent, capture_callbacks(execute=True):
+        result = run_schedule_pass(**kwargs)
+    return result, sent
+
+
+def _held_slices(job: Job) -> list[Slice]:
+    return [
+        a.slice
+        for a in Allocation.objects.filter(job=job, attempt=job.attempt, released_at__isnull=True)
+        .select_related("slice__gpu")
+        .order_by("slice__key")
+    ]
+
+
+def _expected_launch(job: Job, devices: list[dict]) -> dict:
+    return {
+        "type": "launch",
+        "v": 1,
+        "job_id": job.pk,
+        "attempt": 1,
+        "name": job.name,
+        "team": "vision",
+        "user": "alice",
+        "image": "python:3.11-slim",
+        "command": ["python", "-c", "print('hi')"],
+        "env": {"SEED": "7"},
+        "devices": devices,
+        "time_limit_s": 600.0,
+    }
+
+
+def test_a_pass_assigns_each_slice_kind_and_sends_exact_launch_messages(
+    vision, django_capture_on_commit_callbacks
+):
+    team, alice = vision
+    register_node(NODE)
+    common = {"team": team, "user": alice, "env": {"SEED": "7"}, "time_limit_s": 600}
+    whole = make_job(name="whole", gpu_kind="whole", **common)
+    mig = make_job(name="mig", gpu_kind="mig", gpu_profile="3g.40gb", **common)
+    mps = make_job(name="mps", gpu_kind="mps", gpu_count=2, **common)
+
+    result, sent = _run_pass(django_capture_on_commit_callbacks)
+
+    assert result.status == "ran"
+    assert sorted(result.assigned) == sorted([whole.pk, mig.pk, mps.pk])
+    for job in (whole, mig, mps):
+        job.refresh_from_db()
+        assert (job.state, job.attempt, job.node.name) == (JobState.ASSIGNED, 1, NODE)
+        assert job.pending_code == "" and job.queue_position is None
+        event = JobEvent.objects.filter(job=job).last()
+        assert (event.from_state, event.to_state, event.attempt) == ("PENDING", "ASSIGNED", 1)
+
+    whole_slice = _held_slices(whole)
+    assert [s.kind for s in whole_slice] == ["whole"]
+    gpu = whole_slice[0].gpu
+    assert whole_slice[0].key == gpu.uuid and gpu.index in (0, 1)
+
+    mig_uuid = stable_uuid("MIG", NODE, 2, 0, "3g.40gb")
+    assert [s.key for s in _held_slices(mig)] == [mig_uuid]
+
+    mps_gpu = stable_uuid("GPU", NODE, 3)
+    mps_slices = _held_slices(mps)
+    assert len(mps_slices) == 2
+    assert all(s.key.startswith(f"{mps_gpu}/mps/") for s in mps_slices)
+
+    launches = {message["job_id"]: (message, queue) for message, queue in sent.launches()}
+    assert len(sent.launches()) == 3
+    assert launches[whole.pk] == (
+        _expected_launch(
+            whole,
+            [
+                {
+                    "slice_id": gpu.uuid,
+                    "kind": "whole",
+                    "gpu_uuid": gpu.uuid,
+                    "gpu_index": gpu.index,
+                    "mig_uuid": "",
+                    "profile": "",
+                    "mps_fraction": None,
+                    "memory_mb": GPU_MEMORY_MB,
+                }
+            ],
+        ),
+        f"node.{NODE}",
+    )
+    assert launches[mig.pk][0]["devices"] == [
+        {
+            "slice_id": mig_uuid,
+            "kind": "mig",
+            "gpu_uuid": stable_uuid("GPU", NODE, 2),
+            "gpu_index": 2,
+            "mig_uuid": mig_uuid,
+            "profile": "3g.40gb",
+            "mps_fraction": None,
+            "memory_mb": 40 * 1024,
+        }
+    ]
+    assert launches[mps.pk][0]["devices"] == [
+        {
+            "slice_id": s.key,
+            "kind": "mps",
+            "gpu_uuid": mps_gpu,
+            "gpu_index": 3,
+            "mig_uuid": "",
+            "profile": "",
+            "mps_fraction": 0.25,
+            "memory_mb": GPU_MEMORY_MB // 4,
+        }
+        for s in mps_slices
+    ]
+
+
+def test_a_job_that_does_not_fit_stays_pending_with_reason_position_and_estimate(
+    vision, django_capture_on_commit_callbacks
+):
+    team, alice = vision
+    register_node(NODE)
+    running = make_job(name="big", team=team, user=alice, gpu_count=2, time_limit_s=3600)
+    waiting = make_job(name="waits", team=team, user=alice, gpu_count=2, time_limit_s=60)
+
+    result, sent = _run_pass(django_capture_on_commit_callbacks)
+
+    assert result.assigned == (running.pk,)
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.PENDING
+    assert waiting.pending_code in {"NO_FIT", "RESERVED", "WAITING_FOR_RESERVATION"}
+    assert waiting.pending_message
+    assert waiting.queue_position == 1
+    assert waiting.estimated_start_at is not None
+    assert waiting.estimated_start_at >= timezone.now() + timedelta(seconds=3000)
+    assert [m["job_id"] for m, _ in sent.launches()] == [running.pk]
+
+
+def test_a_second_pass_writes_no_explanation_that_did_not_change(
+    vision, django_capture_on_commit_callbacks
+):
+    team, alice = vision
+    register_node(NODE)
+    make_job(name="mig", team=team, user=alice, gpu_kind="mig", gpu_profile="7g.80gb")
+    now = timezone.now()
+
+    first, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+    second, sent = _run_pass(django_capture_on_commit_callbacks, now=now)
+
+    assert first.explanations_written == 1
+    assert (second.pending, second.explanations_written) == (1, 0)
+    assert sent.launches() == []
+
+
+def test_a_pass_records_itself_for_coalescing_and_operators(
+    vision, django_capture_on_commit_callbacks
+):
+    team, alice = vision
+    register_node(NODE)
+    make_job(team=team, user=alice)
+    now = timezone.now()
+
+    _run_pass(django_capture_on_commit_callbacks, now=now)
+
+    state = SchedulerState.objects.get(pk=1)
+    assert (state.snapshot_at, state.passes, state.assigned) == (now, 1, 1)
+
+
+def test_a_pass_is_skipped_while_another_holds_the_lock(settings, vision):
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        with lock.scheduler_file_lock() as got:
+            assert got
+            assert run_schedule_pass().status == "skipped"
+    else:
+        import threading
+
+        from django.db import connections, transaction
+
+        holding, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with transaction.atomic():
+                assert lock.try_advisory_lock()
+                holding.set()
+                release.wait(10)
+            connections.close_all()
+
+        thread = threading.Thread(target=hold)
+        thread.start()
+        try:
+            assert holding.wait(10)
+            assert run_schedule_pass().status == "skipped"
+        finally:
+            release.set()
+            thread.join()
+
+
+def test_the_task_skips_a_request_that_a_later_pass_already_covered(
+    vision, django_capture_on_commit_callbacks
+):
+    register_node(NODE)
+    requested_at = timezone.now()
+    _run_pass(django_capture_on_commit_callbacks, now=requested_at + timedelta(seconds=1))
+
+    assert schedule_pass.apply(kwargs={"requested_at": requested_at.timestamp()}).get() == (
+        "covered"
+    )
+    later = requested_at + timedelta(seconds=5)
+    with capture_sent_messages():
+        assert schedule_pass.apply(kwargs={"requested_at": later.timestamp()}).get() == "ran"
