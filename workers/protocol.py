@@ -18,6 +18,7 @@ agent adds up the fractions and memory of the shares it got on the same GPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from dataclasses import dataclass
@@ -165,11 +166,17 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _field_hints(cls: type) -> dict[str, Any]:
+    # Resolving string annotations is slow; a launch message for every placed job pays it.
+    return get_type_hints(cls)
+
+
 class _Record:
     """Base of every contract dataclass: validates on construction, serialises to JSON."""
 
     def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
+        hints = _field_hints(type(self))
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = _coerce(getattr(self, field.name), hints[field.name], field.name)
             object.__setattr__(self, field.name, value)
@@ -446,6 +453,9 @@ class Finished(_Message):
     outcome: Outcome
     finished_at: float
     error: str = ""
+    # When the attempt started (null if it never did): lets the portal record the start
+    # even when this report overtakes `started`.
+    started_at: float | None = None
 
     def _check(self) -> None:
         _check_job_ref(self.job_id, self.attempt)

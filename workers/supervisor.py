@@ -306,11 +306,23 @@ class Supervisor:
             if attempt.finished is not None:
                 return
             attempt.finished = self._finished(
-                attempt.key, exit_code=exit_code, outcome=outcome, error=error
+                attempt.key,
+                exit_code=exit_code,
+                outcome=outcome,
+                error=error,
+                started_at=attempt.started.started_at if attempt.started else None,
             )
         self._send_safely(attempt.finished)
 
-    def _finished(self, key: Key, *, exit_code: int | None, outcome: str, error: str) -> Finished:
+    def _finished(
+        self,
+        key: Key,
+        *,
+        exit_code: int | None,
+        outcome: str,
+        error: str,
+        started_at: float | None = None,
+    ) -> Finished:
         return Finished(
             node=self.node,
             job_id=key[0],
@@ -319,6 +331,7 @@ class Supervisor:
             outcome=outcome,  # type: ignore[arg-type]
             finished_at=self._clock(),
             error=error,
+            started_at=started_at,
         )
 
     def _report_current(self, attempt: Attempt) -> None:

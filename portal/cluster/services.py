@@ -22,7 +22,14 @@ from django.utils import timezone
 
 from portal.accounting.services import charge_attempt
 from portal.cluster.models import Allocation, Gpu, JobMetrics, Node, Slice
-from portal.jobs.models import HOLDING_STATES, Job, JobEvent, JobLogChunk, JobState
+from portal.jobs.models import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    Job,
+    JobEvent,
+    JobLogChunk,
+    JobState,
+)
 from portal.jobs.transitions import transition
 from portal.scheduling.triggers import schedule_pass_on_commit
 from scheduler.model import MIG_COMPUTE_SLICES_PER_GPU, SliceKind
@@ -224,8 +231,14 @@ def _stop_if_orphan(node: str, job_id: int, attempt: int) -> None:
     """An agent runs an attempt the portal does not give it (a stale attempt, a job that was
     lost and requeued): tell it to stop, after commit."""
     row = Job.objects.filter(pk=job_id).values_list("state", "attempt").first()
-    if row is not None and row[0] in HOLDING_STATES and row[1] == attempt:
-        return  # a repeat of a report we already applied
+    if (
+        row is not None
+        and row[1] == attempt
+        and (row[0] in HOLDING_STATES or row[0] in TERMINAL_STATES)
+    ):
+        # A repeat of a report we already applied, or a `started` that arrived after its
+        # `finished`: the attempt is the portal's, nothing to stop.
+        return
     log.info("job %s attempt %s on %s is not the portal's: stopping it", job_id, attempt, node)
     _stop_after_commit(node, job_id, attempt)
 
@@ -272,6 +285,18 @@ def record_finished(msg: Finished, *, now: datetime) -> None:
         fields.update(finished_at=min(ended, now), reason="" if to == S.SUCCEEDED else detail)
     exit_text = "" if msg.exit_code is None else f", exit code {msg.exit_code}"
     with transaction.atomic():
+        if row[0] == S.ASSIGNED and msg.started_at is not None:
+            # This report overtook `started` (two control workers, a job that ends at once):
+            # record the start first, so the job's history and times stay whole.
+            transition(
+                msg.job_id,
+                to=S.RUNNING,
+                from_states=[S.ASSIGNED],
+                attempt=msg.attempt,
+                message=f"started on {msg.node}",
+                at=min(_at(msg.started_at), now),
+                started_at=_at(msg.started_at),
+            )
         if not end_attempt(
             msg.job_id,
             attempt=msg.attempt,

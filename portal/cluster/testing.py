@@ -74,6 +74,7 @@ def finished(
     node: str = "node-1",
     at: float | None = None,
     error: str = "",
+    started_at: float | None = None,
 ) -> dict:
     return Finished(
         node=node,
@@ -83,6 +84,7 @@ def finished(
         outcome=outcome,  # type: ignore[arg-type]
         finished_at=time.time() if at is None else at,
         error=error,
+        started_at=started_at,
     ).to_dict()
 
 

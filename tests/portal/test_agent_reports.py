@@ -209,6 +209,25 @@ def test_finished_succeeded_ends_the_job_frees_its_slices_and_charges_it_once(
     assert [name for name, _, _ in sent.sent] == ["portal.schedule_pass"]
 
 
+def test_a_finished_report_that_overtakes_started_still_records_the_start(
+    node, team_and_user, django_capture_on_commit_callbacks
+):
+    job = _holding_job(*team_and_user, state=JobState.ASSIGNED)
+    began = time.time() - 2
+
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        _report(finished(job.pk, 1, at=began + 1, started_at=began))
+        _report(started(job.pk, 1, at=began))  # arrives late: applied already, nothing to stop
+
+    job.refresh_from_db()
+    assert (job.state, job.started_at) == ("SUCCEEDED", datetime.fromtimestamp(began, tz=UTC))
+    assert [(e.from_state, e.to_state) for e in job.events.exclude(from_state="")] == [
+        ("ASSIGNED", "RUNNING"),
+        ("RUNNING", "SUCCEEDED"),
+    ]
+    assert sent.stops() == []
+
+
 @pytest.mark.parametrize(
     ("outcome", "error", "state", "reason"),
     [

