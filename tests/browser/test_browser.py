@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_service
+from services import require_service
 from stack import PortalStack
 
 from portal.cluster.models import Allocation
