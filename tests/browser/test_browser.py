@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 from services import require_service
 from stack import PortalStack
 
@@ -59,6 +60,9 @@ def chromium(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             yield browser
         finally:
             browser.close()
+            # The test's ORM calls ran beside Playwright's event loop, which gives them
+            # their own connection; close it here, or the test database cannot be dropped.
+            connections.close_all()
 
 
 @pytest.fixture
