@@ -1,0 +1,59 @@
+"""The pure scheduling core: ``schedule(snapshot, *, now, config) -> Decisions``.
+
+No Django, no Celery, no I/O, no clock: the portal's shell and the simulator build a
+``Snapshot``, call ``schedule`` and apply the ``Decisions``.
+"""
+
+from scheduler.config import Policy, SchedulerConfig
+from scheduler.core import schedule
+from scheduler.model import (
+    MIG_COMPUTE_SLICES_PER_GPU,
+    Assign,
+    Decisions,
+    Dependency,
+    DependencyKind,
+    DependencyState,
+    Fail,
+    GpuRequest,
+    Job,
+    Node,
+    Pending,
+    PendingCode,
+    Preempt,
+    Reason,
+    RunningJob,
+    Slice,
+    SliceKind,
+    Snapshot,
+    Team,
+)
+from scheduler.units import billed_units, decay, mig_units, parse_mig_profile
+
+__all__ = [
+    "MIG_COMPUTE_SLICES_PER_GPU",
+    "Assign",
+    "Decisions",
+    "Dependency",
+    "DependencyKind",
+    "DependencyState",
+    "Fail",
+    "GpuRequest",
+    "Job",
+    "Node",
+    "Pending",
+    "PendingCode",
+    "Policy",
+    "Preempt",
+    "Reason",
+    "RunningJob",
+    "SchedulerConfig",
+    "Slice",
+    "SliceKind",
+    "Snapshot",
+    "Team",
+    "billed_units",
+    "decay",
+    "mig_units",
+    "parse_mig_profile",
+    "schedule",
+]

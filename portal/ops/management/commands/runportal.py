@@ -161,7 +161,9 @@ def _check_options(*, port: int, agents: int, threads: int) -> None:
     if not 1 <= port <= 65535:
         raise CommandError(f"--port: must be between 1 and 65535; got {port}")
     if not 1 <= agents <= 16:
-        raise CommandError(f"--agents: must be between 1 and 16; got {agents}")
+        raise CommandError(
+            f"--agents: must be between 1 and 16; got {agents} (--no-agent starts none)"
+        )
     if not 2 <= threads <= 16:
         raise CommandError(f"--threads: must be between 2 and 16; got {threads}")
 

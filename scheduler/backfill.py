@@ -1,0 +1,289 @@
+"""Reservations for blocked jobs, and start-time estimates, from the holders' time limits.
+
+A running job holding slices ends at the latest at ``started_at + time_limit_s`` (a victim in
+its grace period at ``preempting_since + grace_period_s``); a job with no time limit has no
+known end. Sweeping those ends in time order tells when a request would first fit.
+
+A reservation (EASY backfill) is the earliest such time ``at`` and the slices the blocked job
+would take then. It prefers slices that are *held now* and come free by ``at``, so slices
+that are free now stay usable. The free-now slices it does need are set aside: a later job
+may use them only if its own time limit ends by ``at``. With no known end, the reservation
+sets aside the free slices of the node closest to fitting and keeps them until it fits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scheduler.cluster import FreeIndex, Placement, Pool
+from scheduler.model import Slice, SliceKind
+
+# (end time, node number, sequence number, slices of one pool that come free then); the
+# sequence number keeps tuples comparable without ever comparing slices.
+Release = tuple[float, int, int, tuple[Slice, ...]]
+
+
+class Timeline:
+    """When held slices come free, per pool. Built lazily: many passes never ask."""
+
+    def __init__(
+        self, index: FreeIndex, held: Sequence[tuple[float | None, Sequence[Slice]]] = ()
+    ) -> None:
+        """``held``: (end or None, slices) of the running jobs."""
+        self._index = index
+        self._pending: list[tuple[float, Sequence[Slice]]] = [
+            (end, slices) for end, slices in held if end is not None and slices
+        ]
+        self._events: dict[Pool, list[Release]] | None = None
+        self._seq = itertools.count()
+
+    def add(self, end: float | None, slices: Sequence[Slice]) -> None:
+        """Slices held until ``end`` (None: no known end, so never listed)."""
+        if end is None or not slices:
+            return
+        if self._events is None:
+            self._pending.append((end, slices))
+            return
+        for pool, release in self._releases(end, slices):
+            bisect.insort(self._events.setdefault(pool, []), release)
+
+    def _releases(self, end: float, slices: Sequence[Slice]) -> list[tuple[Pool, Release]]:
+        shape = self._index.shape
+        node_of, pool_of_id = shape.slice_node, shape.slice_pool
+        first = slices[0].id
+        pool, node = pool_of_id[first], node_of[first]
+        seq = next(self._seq)
+        if all(pool_of_id[s.id] == pool and node_of[s.id] == node for s in slices):
+            return [(pool, (end, node, seq, tuple(slices)))]  # the usual: one pool, one node
+        groups: dict[tuple[Pool, int], list[Slice]] = {}
+        for item in slices:
+            groups.setdefault((pool_of_id[item.id], node_of[item.id]), []).append(item)
+        return [(p, (end, n, seq, tuple(items))) for (p, n), items in groups.items()]
+
+    def events(self, pool: Pool) -> list[Release]:
+        if self._events is None:
+            events: dict[Pool, list[Release]] = {}
+            shape = self._index.shape
+            node_of, pool_of_id = shape.slice_node, shape.slice_pool
+            for end, slices in self._pending:
+                if len(slices) == 1:  # the usual case, without the general grouping
+                    only = slices[0].id
+                    release = (end, node_of[only], next(self._seq), tuple(slices))
+                    found = events.get(pool_of_id[only])
+                    if found is None:
+                        events[pool_of_id[only]] = [release]
+                    else:
+                        found.append(release)
+                    continue
+                for key, grouped in self._releases(end, slices):
+                    events.setdefault(key, []).append(grouped)
+            for releases in events.values():
+                releases.sort()
+            self._events = events
+            self._pending = []
+        return self._events.get(pool, [])
+
+
+@dataclass(slots=True)
+class Reservation:
+    job_id: str
+    at: float | None  # None: no known time (some holders have no time limit)
+    set_aside: list[Slice]  # free-now slices kept for it (taken out of the index)
+    nodes: frozenset[int]
+    pools: frozenset[Pool]
+    by_node: dict[tuple[Pool, int], int] = field(default_factory=dict)  # set-aside counts
+
+    def lets(self, ends_at: float | None) -> bool:
+        """May a job ending at ``ends_at`` use the set-aside slices?"""
+        return self.at is not None and ends_at is not None and ends_at <= self.at
+
+
+def _free_now(index: FreeIndex, pool: Pool, team: str, node: int) -> int:
+    return index.node_free(pool, team, node)
+
+
+def reserve(
+    index: FreeIndex,
+    timeline: Timeline,
+    *,
+    job_id: str,
+    pools: Sequence[Pool],
+    team: str,
+    need: int,
+    multi_node: bool,
+) -> Reservation:
+    """The reservation of a blocked job; its set-aside slices are removed from ``index``."""
+    best: tuple[float, int, Pool, list[Slice]] | None = None  # (at, node, pool, released)
+    for pool in pools:
+        found = _earliest(index, timeline, pool, team, need, multi_node)
+        if found is not None and (best is None or found[:2] < best[:2]):
+            best = (found[0], found[1], pool, found[2])
+    if best is not None:
+        at, node, pool, released = best
+        placement = _top_up(index, pool, team, node, need - len(released), multi_node)
+        return _set_aside(index, job_id, at, pool, placement, team, released)
+    return _reserve_unknown(index, job_id, pools, team, need, multi_node)
+
+
+def _earliest(
+    index: FreeIndex, timeline: Timeline, pool: Pool, team: str, need: int, multi_node: bool
+) -> tuple[float, int, list[Slice]] | None:
+    """(time, node, slices released there by then) when ``need`` first fit in ``pool``."""
+    counts: dict[int, int] = {}
+    released: dict[int, list[Slice]] = {}
+    total = index.total_free([pool])
+    for end, node, _, items in timeline.events(pool):
+        if node not in counts:
+            counts[node] = _free_now(index, pool, team, node)
+        counts[node] += len(items)
+        released.setdefault(node, []).extend(items)
+        total += len(items)
+        if multi_node and total >= need:
+            every = [s for n in sorted(released) for s in released[n]]
+            return (end, -1, every[:need])
+        if counts[node] >= need:
+            return (end, node, released[node][:need])
+    return None
+
+
+def _top_up(
+    index: FreeIndex, pool: Pool, team: str, node: int, missing: int, multi_node: bool
+) -> Placement:
+    """The free-now slices a reservation needs beyond what comes free."""
+    if missing <= 0:
+        return []
+    if node < 0:  # multi-node: from the nodes with the most free
+        found = index.find_spread([pool], team, missing, missing)
+        return found or []
+    return [(node, index.pick(pool, team, node, missing))]
+
+
+def _set_aside(
+    index: FreeIndex,
+    job_id: str,
+    at: float | None,
+    pool: Pool,
+    placement: Placement,
+    team: str,
+    released: Sequence[Slice],
+) -> Reservation:
+    kept: list[Slice] = []
+    by_node: dict[tuple[Pool, int], int] = {}
+    node_of = index.shape.slice_node
+    nodes = {node_of[s.id] for s in released}
+    for node, items in placement:
+        for item in items:
+            index.remove(item, team)
+            kept.append(item)
+            by_node[(pool, node)] = by_node.get((pool, node), 0) + 1
+        nodes.add(node)
+    return Reservation(job_id, at, kept, frozenset(nodes), frozenset([pool]), by_node)
+
+
+def _reserve_unknown(
+    index: FreeIndex,
+    job_id: str,
+    pools: Sequence[Pool],
+    team: str,
+    need: int,
+    multi_node: bool,
+) -> Reservation:
+    """No known time: keep the free slices of the node (or nodes) closest to fitting."""
+    shape = index.shape
+    best: tuple[int, int, Pool] | None = None  # (-free, node, pool)
+    for pool in pools:
+        for node, capacity in shape.pool_capacity.get(pool, {}).items():
+            if (capacity < need and not multi_node) or not shape.nodes[node].schedulable:
+                continue
+            free = _free_now(index, pool, team, node)
+            if free > 0 and (best is None or (-free, node) < best[:2]):
+                best = (-free, node, pool)
+    if best is None:
+        return Reservation(job_id, None, [], frozenset(), frozenset(pools))
+    _, node, pool = best
+    if multi_node:
+        placement = index.find_spread([pool], team, 1, need) or []
+    else:
+        placement = [(node, index.pick(pool, team, node, min(need, -best[0])))]
+    return _set_aside(index, job_id, None, pool, placement, team, [])
+
+
+def give_back(index: FreeIndex, reservation: Reservation) -> list[Slice]:
+    """Put the set-aside slices back into ``index`` (MPS shares stay out: owners differ)."""
+    back = [s for s in reservation.set_aside if s.kind is not SliceKind.MPS]
+    for item in back:
+        index.restore(item)
+    return back
+
+
+def set_aside_again(index: FreeIndex, reservation: Reservation, back: Sequence[Slice]) -> None:
+    """After a short job had its chance at them, keep what it left for the reservation."""
+    still: list[Slice] = []
+    for item in back:
+        pool = index.shape.slice_pool[item.id]
+        node = index.shape.slice_node[item.id]
+        if index.holds(item):
+            index.remove(item, "")
+            still.append(item)
+        else:
+            key = (pool, node)
+            reservation.by_node[key] = reservation.by_node.get(key, 1) - 1
+    mps = [s for s in reservation.set_aside if s.kind is SliceKind.MPS]
+    reservation.set_aside = mps + still
+
+
+# --- estimates ------------------------------------------------------------------------------
+
+
+class Estimator:
+    """Earliest times a request could fit, from the free state at the end of a pass."""
+
+    def __init__(self, index: FreeIndex, timeline: Timeline, now: float) -> None:
+        self._index = index
+        self._timeline = timeline
+        self._now = now
+        self._single: dict[Pool, list[tuple[int, float]]] = {}
+        self._spread: dict[Pool, list[tuple[int, float]]] = {}
+
+    def earliest(self, pools: Sequence[Pool], need: int, multi_node: bool) -> float | None:
+        best: float | None = None
+        for pool in pools:
+            levels = self._levels(pool, multi_node)
+            for level, at in levels:
+                if level >= need:
+                    if best is None or at < best:
+                        best = at
+                    break
+        return best
+
+    def _levels(self, pool: Pool, multi_node: bool) -> list[tuple[int, float]]:
+        """(level, time) each time the most free on one node (or in all) grew."""
+        cache = self._spread if multi_node else self._single
+        found = cache.get(pool)
+        if found is not None:
+            return found
+        counts = self._free_counts(pool)
+        level = sum(counts.values()) if multi_node else max(counts.values(), default=0)
+        levels = [(level, self._now)]
+        for end, node, _, items in self._timeline.events(pool):
+            counts[node] = counts.get(node, 0) + len(items)
+            new = level + len(items) if multi_node else max(level, counts[node])
+            if new > level:
+                level = new
+                levels.append((level, max(end, self._now)))
+        cache[pool] = levels
+        return levels
+
+    def _free_counts(self, pool: Pool) -> dict[int, int]:
+        index = self._index
+        if pool[0] is not SliceKind.MPS:
+            buckets = index.buckets.get(pool)
+            return dict(buckets.count) if buckets is not None else {}
+        counts: dict[int, int] = {}
+        for (node, _gpu), free in index.gpu_free.items():
+            if free and index.shape.slice_pool[next(iter(free))] == pool:
+                counts[node] = counts.get(node, 0) + len(free)
+        return counts

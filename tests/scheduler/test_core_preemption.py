@@ -1,0 +1,108 @@
+"""Reclaim of borrowed capacity and preemption by priority class."""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import codes, decide, job, running, snapshot, summary, whole_node
+
+from scheduler import RunningJob, Team
+
+
+def _team_b_fills_n0(**overrides: dict[str, object]) -> list[RunningJob]:
+    """Team b runs one 1-GPU job per GPU of n0, started at t=0, 10, 20, 30."""
+    held = []
+    for g in range(4):
+        name = f"b{g}"
+        extra = overrides.get(name, {})
+        spec = job(name, "b", preemptible=bool(extra.get("preemptible", True)))
+        held.append(
+            running(
+                spec,
+                [f"n0-g{g}"],
+                started=float(extra.get("started", 10.0 * g)),  # type: ignore[arg-type]
+                borrowed=True,
+                preempting_since=extra.get("preempting_since"),  # type: ignore[arg-type]
+            )
+        )
+    return held
+
+
+TEAMS = [Team("a", guaranteed=2.0), Team("b", guaranteed=0.0)]
+
+
+def test_reclaim_preempts_the_most_recently_started_borrowed_jobs() -> None:
+    snap = snapshot([whole_node("n0")], [job("a1", count=2)], _team_b_fills_n0(), TEAMS)
+    decisions = decide(snap)
+    assert summary(decisions) == [
+        ("preempt", "b3", "a1"),
+        ("preempt", "b2", "a1"),
+        ("pending", "a1", "WAITING_FOR_PREEMPTION", 1),
+    ]
+    assert decisions.preempt[0].reason == "reclaim"
+    assert decisions.pending[0].eta == 1000.0 + 30.0  # now + grace period
+
+
+@pytest.mark.parametrize(
+    ("overrides", "victims"),
+    [
+        ({"b3": {"preemptible": False}}, ["b2", "b1"]),
+        ({"b3": {"started": 990.0}}, ["b2", "b1"]),  # ran 10 s < min_run_time 60 s
+        ({"b3": {"preempting_since": 995.0}}, ["b2"]),  # b3 already frees its GPU
+    ],
+    ids=["never-non-preemptible", "min-run-time", "grace-period-counts-as-freeing"],
+)
+def test_reclaim_skips_jobs_that_may_not_or_need_not_be_victims(
+    overrides: dict[str, dict[str, object]], victims: list[str]
+) -> None:
+    snap = snapshot([whole_node("n0")], [job("a1", count=2)], _team_b_fills_n0(**overrides), TEAMS)
+    decisions = decide(snap)
+    assert [p.job_id for p in decisions.preempt] == victims
+    assert codes(decisions) == {"a1": "WAITING_FOR_PREEMPTION"}
+
+
+def test_a_victim_in_its_grace_period_is_not_preempted_again() -> None:
+    held = _team_b_fills_n0(b3={"preempting_since": 995.0}, b2={"preempting_since": 995.0})
+    decisions = decide(snapshot([whole_node("n0")], [job("a1", count=2)], held, TEAMS))
+    assert decisions.preempt == ()
+    assert codes(decisions) == {"a1": "WAITING_FOR_PREEMPTION"}
+
+
+def test_no_reclaim_beyond_the_guarantee() -> None:
+    snap = snapshot([whole_node("n0")], [job("a1", count=3)], _team_b_fills_n0(), TEAMS)
+    decisions = decide(snap, backfill=False)
+    assert decisions.preempt == ()
+    assert codes(decisions) == {"a1": "NO_FIT"}
+
+
+def test_no_reclaim_from_a_team_within_its_own_guarantee() -> None:
+    teams = [Team("a", guaranteed=2.0), Team("b", guaranteed=4.0)]
+    snap = snapshot([whole_node("n0")], [job("a1", count=2)], _team_b_fills_n0(), teams)
+    assert decide(snap, backfill=False).preempt == ()
+
+
+def test_reclaim_can_be_switched_off() -> None:
+    snap = snapshot([whole_node("n0")], [job("a1", count=2)], _team_b_fills_n0(), TEAMS)
+    assert decide(snap, reclaim=False, backfill=False).preempt == ()
+
+
+def test_a_higher_class_preempts_a_lower_one_only_when_configured() -> None:
+    teams = [Team("a", max_priority="high"), Team("b", guaranteed=4.0)]
+    snap = snapshot([whole_node("n0")], [job("urgent", priority="high")], _team_b_fills_n0(), teams)
+    assert decide(snap, backfill=False).preempt == ()
+    decisions = decide(snap, preempt_by_priority=True)
+    assert [(p.job_id, p.reason, p.for_job_id) for p in decisions.preempt] == [
+        ("b3", "priority", "urgent")
+    ]
+
+
+def test_reclaimed_capacity_goes_to_the_reclaiming_team_not_back_to_the_borrower() -> None:
+    # b's big job was preempted for a's 2-GPU job and is pending again, older than a's job:
+    # the freed GPUs go to a (within its guarantee) first, so no preemption loop starts.
+    snap = snapshot(
+        [whole_node("n0")],
+        [job("b_big", "b", count=4, at=0), job("a1", "a", count=2, at=10)],
+        teams=[Team("a", guaranteed=2.0), Team("b", guaranteed=2.0, usage=0.0)],
+    )
+    decisions = decide(snap)
+    assert summary(decisions)[0] == ("assign", "a1", ("n0-g0", "n0-g1"))
+    assert codes(decisions) == {"b_big": "RESERVED"}

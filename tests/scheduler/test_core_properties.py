@@ -1,0 +1,294 @@
+"""Property tests: random clusters, holdings and queues, invariants every pass must keep."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_builders import MIG, MPS, WHOLE
+
+from scheduler import (
+    Dependency,
+    DependencyState,
+    GpuRequest,
+    Job,
+    Node,
+    Policy,
+    RunningJob,
+    SchedulerConfig,
+    Slice,
+    Snapshot,
+    Team,
+    schedule,
+)
+from scheduler.units import mig_units
+
+NOW = 10_000.0
+TEAMS = ("a", "b", "c")
+DEPS = ("x", "y")
+LAYOUTS = (("3g.40gb", "2g.20gb", "2g.20gb"), ("1g.10gb",) * 7, ("7g.80gb",))
+MODELS = ("A100", "H100")
+
+
+@st.composite
+def clusters(draw: st.DrawFn) -> tuple[Node, ...]:
+    nodes = []
+    for n in range(draw(st.integers(1, 5))):
+        name = f"n{n}"
+        kind = draw(st.sampled_from([WHOLE, WHOLE, MIG, MPS]))
+        model = draw(st.sampled_from(MODELS))
+        slices: list[Slice] = []
+        for g in range(draw(st.integers(2, 6))):
+            if kind is WHOLE:
+                slices.append(Slice(f"{name}-g{g}", name, f"g{g}", WHOLE, 1.0, model))
+            elif kind is MIG:
+                for i, p in enumerate(draw(st.sampled_from(LAYOUTS))):
+                    slices.append(
+                        Slice(f"{name}-g{g}-{i}", name, f"g{g}", MIG, mig_units(p), model, p)
+                    )
+            else:
+                for s in range(4):
+                    slices.append(Slice(f"{name}-g{g}-s{s}", name, f"g{g}", MPS, 0.25, model))
+        nodes.append(Node(name, tuple(slices), schedulable=draw(st.booleans()) or n == 0))
+    return tuple(nodes)
+
+
+def _request(draw: st.DrawFn, nodes: tuple[Node, ...]) -> GpuRequest:
+    template = draw(st.sampled_from([s for n in nodes for s in n.slices]))
+    count = draw(st.sampled_from([1, 1, 1, 2, 2, 3, 4, 8]))
+    return GpuRequest(
+        kind=template.kind,
+        count=count,
+        profile=template.profile,
+        model=draw(st.sampled_from(["", template.model])),
+        min_count=draw(st.sampled_from([0, 0, 1, 2])),
+        multi_node=draw(st.booleans()),
+    )
+
+
+def _job(draw: st.DrawFn, job_id: str, nodes: tuple[Node, ...]) -> Job:
+    return Job(
+        id=job_id,
+        team=draw(st.sampled_from(TEAMS)),
+        user=draw(st.sampled_from(("u1", "u2"))),
+        request=_request(draw, nodes),
+        submitted_at=float(draw(st.integers(0, 9000))),
+        priority=draw(st.sampled_from(("low", "normal", "normal", "high"))),
+        time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0, 20000.0])),
+        preemptible=draw(st.integers(0, 3)) > 0,
+        depends_on=tuple(Dependency(d) for d in draw(st.lists(st.sampled_from(DEPS), max_size=1))),
+    )
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    nodes = draw(clusters())
+    running: list[RunningJob] = []
+    free = [s for n in nodes for s in n.slices]
+    mps_owner: dict[tuple[str, str], str] = {}
+    for k in range(draw(st.integers(0, 10))):
+        if not free:
+            break
+        first = draw(st.sampled_from(free))
+        same = [s for s in free if s.node == first.node and s.kind is first.kind]
+        same = [s for s in same if s.profile == first.profile]
+        held = same[: draw(st.integers(1, max(1, min(2, len(same)))))]
+        job = _job(draw, f"r{k}", nodes)
+        if first.kind is MPS:
+            held = [s for s in held if mps_owner.get((s.node, s.gpu), job.team) == job.team]
+            if not held:
+                continue
+            for s in held:
+                mps_owner[(s.node, s.gpu)] = job.team
+        free = [s for s in free if s not in held]
+        started = float(draw(st.sampled_from([0, 5000, 9000, 9990])))
+        grace = NOW - 5.0 if draw(st.integers(0, 9)) == 0 else None
+        running.append(
+            RunningJob(
+                job, first.node, tuple(s.id for s in held), started, draw(st.booleans()), grace
+            )
+        )
+    pending = [_job(draw, f"p{k}", nodes) for k in range(draw(st.integers(0, 12)))]
+    teams = {}
+    for name in TEAMS:
+        teams[name] = Team(
+            name,
+            weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
+            guaranteed=float(draw(st.sampled_from([0, 2, 4, 8]))),
+            limit=draw(st.sampled_from([None, None, 3.0, 8.0])),
+            max_priority=draw(st.sampled_from(("normal", "high"))),
+            usage=float(draw(st.integers(0, 10**7))),
+            member_limit=draw(st.sampled_from([None, None, None, 2.0])),
+        )
+    states = {d: draw(st.sampled_from(list(DependencyState))) for d in DEPS}
+    return Snapshot(nodes, teams, tuple(pending), tuple(running), dependency_states=states)
+
+
+configs = st.builds(
+    SchedulerConfig,
+    policy=st.sampled_from(list(Policy)),
+    backfill=st.booleans(),
+    reclaim=st.booleans(),
+    preempt_by_priority=st.booleans(),
+    clamp_priority=st.booleans(),
+    max_reservations=st.integers(0, 2),
+)
+
+PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _slices(snap: Snapshot) -> dict[str, Slice]:
+    return {s.id: s for n in snap.nodes for s in n.slices}
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_no_slice_is_given_twice_or_while_held(snap: Snapshot, config: SchedulerConfig) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    given_out = [i for a in decisions.assign for i in a.slice_ids]
+    held = {i for r in snap.running for i in r.slice_ids}
+    assert len(given_out) == len(set(given_out))
+    assert not set(given_out) & held
+    schedulable = {s.id for n in snap.nodes if n.schedulable for s in n.slices}
+    assert set(given_out) <= schedulable
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_no_team_or_member_goes_above_its_limit(snap: Snapshot, config: SchedulerConfig) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    slices = _slices(snap)
+    jobs = {j.id: j for j in snap.pending}
+    team_units: Counter[str] = Counter()
+    user_units: Counter[tuple[str, str]] = Counter()
+    for r in snap.running:
+        units = sum(slices[i].units for i in r.slice_ids)
+        team_units[r.job.team] += units
+        user_units[(r.job.team, r.job.user)] += units
+    for a in decisions.assign:
+        job = jobs[a.job_id]
+        units = sum(slices[i].units for i in a.slice_ids)
+        team_units[job.team] += units
+        user_units[(job.team, job.user)] += units
+        team = snap.teams[job.team]
+        if team.limit is not None:
+            assert team_units[job.team] <= team.limit + 1e-9
+        if team.member_limit is not None:
+            assert user_units[(job.team, job.user)] <= team.member_limit + 1e-9
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_gangs_are_whole_matching_and_on_one_node_unless_allowed(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    slices = _slices(snap)
+    jobs = {j.id: j for j in snap.pending}
+    for a in decisions.assign:
+        request = jobs[a.job_id].request
+        given_out = [slices[i] for i in a.slice_ids]
+        assert request.minimum <= len(given_out) <= request.count
+        assert {s.kind for s in given_out} == {request.kind}
+        if request.profile:
+            assert {s.profile for s in given_out} == {request.profile}
+        if request.model:
+            assert {s.model for s in given_out} == {request.model}
+        nodes = {s.node for s in given_out}
+        assert nodes == {a.node, *a.nodes}
+        assert len(nodes) == 1 or request.multi_node
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_victims_are_preemptible_old_enough_and_not_already_going(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    running = {r.job.id: r for r in snap.running}
+    victims = [p.job_id for p in decisions.preempt]
+    assert len(victims) == len(set(victims))
+    for victim in victims:
+        run = running[victim]
+        assert run.job.preemptible
+        assert run.preempting_since is None
+        assert NOW - run.started_at >= config.min_run_time_s
+    if config.policy is not Policy.FAIRSHARE:
+        assert victims == []
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_mps_gpus_never_serve_two_teams(snap: Snapshot, config: SchedulerConfig) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    slices = _slices(snap)
+    teams_on: dict[tuple[str, str], set[str]] = {}
+    jobs = {j.id: j for j in snap.pending}
+    holdings = [(r.job.team, r.slice_ids) for r in snap.running]
+    holdings += [(jobs[a.job_id].team, a.slice_ids) for a in decisions.assign]
+    for team, ids in holdings:
+        for i in ids:
+            s = slices[i]
+            if s.kind is MPS:
+                teams_on.setdefault((s.node, s.gpu), set()).add(team)
+    assert all(len(teams) == 1 for teams in teams_on.values())
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_every_pending_job_gets_exactly_one_outcome_and_a_position(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    outcomes = [a.job_id for a in decisions.assign]
+    outcomes += [p.job_id for p in decisions.pending] + [f.job_id for f in decisions.fail]
+    assert sorted(outcomes) == sorted(j.id for j in snap.pending)
+    assert [p.position for p in decisions.pending] == list(range(1, len(decisions.pending) + 1))
+
+
+@PROPERTY
+@given(snapshots(), configs, st.randoms(use_true_random=False))
+def test_the_same_input_gives_the_same_decisions(
+    snap: Snapshot, config: SchedulerConfig, rng: object
+) -> None:
+    first = schedule(snap, now=NOW, config=config)
+    assert schedule(snap, now=NOW, config=config) == first
+    shuffled = list(snap.pending)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    again = schedule(
+        Snapshot(
+            snap.nodes,
+            snap.teams,
+            tuple(shuffled),
+            snap.running,
+            dependency_states=snap.dependency_states,
+        ),
+        now=NOW,
+        config=config,
+    )
+    assert (again.assign, again.preempt, again.pending) == (
+        first.assign,
+        first.preempt,
+        first.pending,
+    )
+    assert sorted(again.fail, key=lambda f: f.job_id) == sorted(first.fail, key=lambda f: f.job_id)
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_switching_explanations_off_changes_no_decision(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    explained = schedule(snap, now=NOW, config=config)
+    bare = schedule(snap, now=NOW, config=SchedulerConfig(**{**_fields(config), "explain": False}))
+    assert (bare.assign, bare.preempt, bare.fail) == (
+        explained.assign,
+        explained.preempt,
+        explained.fail,
+    )
+    assert sorted(p.job_id for p in bare.pending) == sorted(p.job_id for p in explained.pending)
+
+
+def _fields(config: SchedulerConfig) -> dict[str, object]:
+    return {name: getattr(config, name) for name in SchedulerConfig.__dataclass_fields__}
