@@ -19,7 +19,6 @@ from the job's own timestamps (`submitted_at`, `started_at`), not from polling.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -28,26 +27,29 @@ import sys
 import tempfile
 import time
 import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+
+from portal_client import GpuRequest, PortalClient, PortalError
 
 PROJECT = Path(__file__).resolve().parents[1]
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT", "LOST"}
 
 
 def main() -> int:
     args = parse_args()
-    if args.start:
-        with started_portal() as (url, token):
-            return measure(url, token, args)
-    if not args.url or not args.token:
-        sys.stderr.write("latency: give --url and --token (or PORTAL_TOKEN), or --start\n")
-        return 2
-    return measure(args.url, args.token, args)
+    try:
+        if args.start:
+            with started_portal() as (url, token):
+                return measure(url, token, args)
+        if not args.url or not args.token:
+            sys.stderr.write("latency: give --url and --token (or PORTAL_TOKEN), or --start\n")
+            return 2
+        return measure(args.url, args.token, args)
+    except (PortalError, TimeoutError, urllib.error.URLError) as error:
+        sys.stderr.write(f"latency: {error}\n")
+        return 1
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,27 +78,24 @@ def parse_args() -> argparse.Namespace:
 
 
 def measure(url: str, token: str, args: argparse.Namespace) -> int:
-    api = Api(url, token)
+    portal = PortalClient(url, token)
     agent_ready_s = args.agent_ready_s
-    gpu: dict[str, Any] = {"kind": args.kind, "count": 1}
+    gpu: GpuRequest = {"kind": args.kind, "count": 1}
     if args.kind == "mig":
         gpu["profile"] = "1g.10gb"
     latencies = []
     # Job 0 warms up (the agent may still be registering its node); it is not counted.
     for number in range(0, args.jobs + 1):
-        job = api.call(
-            "POST",
-            "/jobs/",
-            {
-                "name": f"latency-{number}",
-                "team": args.team,
-                "image": "python:3.11-slim",
-                # Long enough that its `started` report is handled before its `finished` one.
-                "command": ["sleep", "0.5"],
-                "gpu": gpu,
-            },
+        job = portal.submit(
+            name=f"latency-{number}",
+            team=args.team,
+            image="python:3.11-slim",
+            # Long enough that its `started` report is handled before its `finished` one.
+            command=["sleep", "0.5"],
+            gpu=gpu,
         )
-        done = wait_until_ended(api, job["id"], timeout_s=agent_ready_s if number == 0 else 60)
+        # Polled often so the next job follows at once; the figure comes from its timestamps.
+        done = portal.wait(job["id"], timeout=agent_ready_s if number == 0 else 60, poll=0.05)
         if done["state"] != "SUCCEEDED":
             sys.stderr.write(f"latency: job {job['id']} ended {done['state']}: {done}\n")
             return 1
@@ -110,17 +109,6 @@ def measure(url: str, token: str, args: argparse.Namespace) -> int:
         print(f"job {job['id']:>5}: submit -> RUNNING {latency * 1000:7.0f} ms", flush=True)
     report(latencies)
     return 0
-
-
-def wait_until_ended(api: Api, job_id: int, timeout_s: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        job = api.call("GET", f"/jobs/{job_id}/")
-        if job["state"] in TERMINAL:
-            return job
-        if time.monotonic() > deadline:
-            raise SystemExit(f"latency: job {job_id} still {job['state']} after {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 def seconds_between(start: str, end: str) -> float:
@@ -140,27 +128,6 @@ def report(latencies: list[float]) -> None:
         f"median {statistics.median(ordered) * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, "
         f"min {ordered[0] * 1000:.0f} ms, max {ordered[-1] * 1000:.0f} ms"
     )
-
-
-class Api:
-    def __init__(self, url: str, token: str) -> None:
-        self.base = url.rstrip("/") + "/api/v1"
-        self.token = token
-
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        request = urllib.request.Request(
-            self.base + path,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            raise SystemExit(
-                f"latency: {method} {path}: {error.code} {error.read().decode()}"
-            ) from None
 
 
 # --- a portal of its own -----------------------------------------------------------------------

@@ -9,10 +9,7 @@ Jobs go in through the HTTP API with a token, exactly as from a notebook.
 
 from __future__ import annotations
 
-import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from rest_framework.authtoken.models import Token
 from stack import PortalStack
 
 from portal.cluster.models import Gpu, Slice
+from portal_client import GpuRequest, PortalClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -39,50 +37,14 @@ PRINT_SLICE_ENV = (
 JOB_TIMEOUT_S = 90.0
 
 
-class Api:
-    """The portal's REST API over real HTTP, with a user's token."""
-
-    def __init__(self, base_url: str, token: str) -> None:
-        self.base = base_url.rstrip("/") + "/api/v1"
-        self.token = token
-
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        request = urllib.request.Request(
-            self.base + path,
-            method=method,
-            data=json.dumps(body).encode() if body is not None else None,
-            headers={"Authorization": f"Token {self.token}", "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                raw = response.read().decode()
-                kind = response.headers.get_content_type()
-        except urllib.error.HTTPError as error:
-            raise AssertionError(f"{method} {path}: {error.code} {error.read().decode()}") from None
-        return json.loads(raw) if kind == "application/json" else raw
-
-    def submit(self, name: str, gpu: dict[str, Any], command: list[str]) -> dict[str, Any]:
-        body = {
-            "name": name,
-            "team": "vision",
-            "image": "python:3.11-slim",
-            "command": command,
-            "gpu": gpu,
-        }
-        job = self.call("POST", "/jobs/", body)
-        # Stored PENDING; the on-commit scheduling pass may have moved it on already.
-        assert isinstance(job["id"], int), job
-        assert job["state"] in {"PENDING", "ASSIGNED", "RUNNING", "SUCCEEDED"}, job
-        return job
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        return self.call("GET", f"/jobs/{job_id}/")
-
-    def log(self, job_id: int) -> str:
-        return self.call("GET", f"/jobs/{job_id}/log/")
-
-    def cancel(self, job_id: int) -> dict[str, Any]:
-        return self.call("POST", f"/jobs/{job_id}/cancel/")
+def submit(portal: PortalClient, name: str, gpu: GpuRequest, command: list[str]) -> dict[str, Any]:
+    job = portal.submit(
+        name=name, team="vision", image="python:3.11-slim", command=command, gpu=gpu
+    )
+    # Stored PENDING; the on-commit scheduling pass may have moved it on already.
+    assert isinstance(job["id"], int), job
+    assert job["state"] in {"PENDING", "ASSIGNED", "RUNNING", "SUCCEEDED"}, job
+    return job
 
 
 def alice_token() -> str:
@@ -92,7 +54,10 @@ def alice_token() -> str:
     return Token.objects.get_or_create(user=user)[0].key
 
 
-def wait_for_state(stack: PortalStack, api: Api, job_id: int, *states: str) -> dict[str, Any]:
+def wait_for_state(
+    stack: PortalStack, api: PortalClient, job_id: int, *states: str
+) -> dict[str, Any]:
+    # The stack's own wait, not PortalClient.wait: it fails at once when a child process dies.
     def reached() -> dict[str, Any] | None:
         job = api.job(job_id)
         return job if job["state"] in states else None
@@ -109,16 +74,17 @@ def test_jobs_run_on_each_kind_of_slice_and_cancel_works(tmp_path: Path) -> None
     call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
     with PortalStack(tmp_path, web=True) as stack:
         assert stack.url is not None
-        api = Api(stack.url, alice_token())
+        api = PortalClient(stack.url, alice_token())
         printer = [sys.executable, "-c", PRINT_SLICE_ENV]
-        whole = api.submit("on-a-whole-gpu", {"kind": "whole", "count": 1}, printer)
-        mig = api.submit(
-            "on-a-mig-slice", {"kind": "mig", "profile": "1g.10gb", "count": 1}, printer
+        whole = submit(api, "on-a-whole-gpu", {"kind": "whole", "count": 1}, printer)
+        mig = submit(
+            api, "on-a-mig-slice", {"kind": "mig", "profile": "1g.10gb", "count": 1}, printer
         )
-        mps = api.submit("on-an-mps-share", {"kind": "mps", "count": 1}, printer)
-        sleeper = api.submit("cancel-me-running", {"kind": "whole", "count": 1}, ["sleep", "300"])
+        mps = submit(api, "on-an-mps-share", {"kind": "mps", "count": 1}, printer)
+        sleeper = submit(api, "cancel-me-running", {"kind": "whole", "count": 1}, ["sleep", "300"])
         # No GPU of this model exists: the job waits, with a reason, until it is cancelled.
-        waiting = api.submit(
+        waiting = submit(
+            api,
             "cancel-me-pending",
             {"kind": "whole", "count": 1, "model": "NVIDIA H100 80GB HBM3"},
             printer,
