@@ -1,0 +1,500 @@
+"""The discrete-event replay: a trace through ``schedule()`` on a simulated clock.
+
+Events are arrivals, completions, the end of a victim's grace period and, only where a rule
+needs time to pass, a tick (the moment the youngest reclaimable job reaches the minimum run
+time while a team under its guarantee waits). All events at one instant are applied before
+the core is asked, so a burst of arrivals costs one pass.
+
+The simulator holds no policy of its own: whatever the core decides is applied as is, and
+checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
+replay with ``SimulationError``). It skips a pass only when no pass could change anything:
+nothing is pending, or no slice is free and no preemption rule can fire.
+
+Each trace job runs as a rigid gang with ``time_limit_s`` = its true duration, so the core's
+backfill reserves with exact run times (the best case for backfill, the same for every
+policy). A preempted job keeps running for the grace period, then stops, loses its work and
+is requeued with its original ``queued_since``; it must run its full duration again.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from scheduler.config import Policy, SchedulerConfig
+from scheduler.model import (
+    Decisions,
+    GpuRequest,
+    Job,
+    Node,
+    RunningJob,
+    SliceKind,
+    Snapshot,
+    Team,
+)
+from scheduler.sim.cluster import TeamSpec, mig_compute_slices
+from scheduler.sim.records import JobRecord, Segment
+from scheduler.sim.trace import TraceJob
+from scheduler.units import decay, mig_units
+
+# More passes than this at one instant means the core and the simulator are in a loop
+# (for example assigning and preempting the same job back and forth).
+MAX_PASSES_PER_INSTANT = 1000
+# A job preempted this often means the core keeps taking back what it just gave (a
+# preemption loop): the replay would never end, so it stops with an error instead.
+MAX_PREEMPTIONS_PER_JOB = 1000
+
+
+# Called every PROGRESS_EVERY instants with (simulated now, jobs finished, jobs pending).
+ProgressFn = Callable[[float, int, int], None]
+PROGRESS_EVERY = 5000
+
+
+class ScheduleFn(Protocol):
+    def __call__(
+        self, snapshot: Snapshot, /, *, now: float, config: SchedulerConfig
+    ) -> Decisions: ...
+
+
+class SimulationError(RuntimeError):
+    """The core returned a decision that cannot be applied to the simulated cluster."""
+
+
+@dataclass(slots=True)
+class _LiveJob:
+    trace: TraceJob
+    job: Job
+    asks_units: float  # what the request is worth in GPU units
+    units: float = 0.0  # what it holds while running
+    attempt: int = 0
+    segments: list[Segment] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    records: tuple[JobRecord, ...]  # every replayed job, finished or not
+    excluded: tuple[TraceJob, ...]  # could never fit this cluster; left out
+    failed: tuple[str, ...]  # jobs the core failed
+    capacity: float  # GPU units of the cluster
+    passes: int  # schedule() calls
+    skipped: int  # instants with pending work where no pass could change anything
+    ticks: int  # instants added only because a rule needed time to pass
+
+    @property
+    def unfinished(self) -> tuple[JobRecord, ...]:
+        return tuple(r for r in self.records if not r.finished)
+
+
+def core_job(trace: TraceJob, gpus_per_node: int, user: str) -> Job:
+    """The core's view of a trace job: a rigid gang, time limit = true duration."""
+    kind = SliceKind.MIG if trace.mig_profile else SliceKind.WHOLE
+    request = GpuRequest(
+        kind=kind,
+        count=trace.gpus,
+        profile=trace.mig_profile,
+        multi_node=kind is SliceKind.WHOLE and trace.gpus > gpus_per_node,
+    )
+    return Job(
+        id=trace.id,
+        team=trace.tenant,
+        user=user,
+        request=request,
+        submitted_at=trace.submit_s,
+        time_limit_s=trace.duration_s,
+        queued_since=trace.submit_s,
+    )
+
+
+def job_units(trace: TraceJob) -> float:
+    if not trace.mig_profile:
+        return float(trace.gpus)
+    mig_compute_slices(trace.mig_profile)  # a clear error for an unknown profile
+    return trace.gpus * mig_units(trace.mig_profile)
+
+
+class _Room:
+    """How much of each slice type the empty cluster has, to spot jobs that never fit."""
+
+    def __init__(self, nodes: Iterable[Node]) -> None:
+        per_node: list[Counter[str]] = [
+            Counter(s.profile if s.kind is SliceKind.MIG else "" for s in n.slices) for n in nodes
+        ]
+        self._largest: Counter[str] = Counter()
+        self._total: Counter[str] = Counter()
+        for counts in per_node:
+            self._total.update(counts)
+            for key, count in counts.items():
+                self._largest[key] = max(self._largest[key], count)
+
+    def fits(self, trace: TraceJob, gpus_per_node: int) -> bool:
+        """Whether the empty cluster could ever hold the job (else it would wait forever)."""
+        if not trace.mig_profile and trace.gpus > gpus_per_node:  # may spread over nodes
+            return self._total[""] >= trace.gpus
+        return self._largest[trace.mig_profile] >= trace.gpus
+
+
+class Replay:
+    """One replay's state. Build it, call ``run()`` once."""
+
+    def __init__(
+        self,
+        jobs: Sequence[TraceJob],
+        *,
+        nodes: tuple[Node, ...],
+        teams: Mapping[str, TeamSpec],
+        config: SchedulerConfig,
+        schedule: ScheduleFn,
+        gpus_per_node: int = 8,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        missing = sorted({j.tenant for j in jobs} - set(teams))
+        if missing:
+            raise SimulationError(f"trace tenants without a team: {', '.join(missing)}")
+        self._nodes = nodes  # immutable, shared by every snapshot
+        self._config = config
+        self._schedule = schedule
+        self._teams = dict(teams)
+        self._slice_units = {s.id: s.units for n in nodes for s in n.slices}
+        self._capacity = sum(self._slice_units.values())
+        # No team limit: a team may borrow up to the whole cluster. (None rather than the
+        # capacity, so that a job too big for what is free reads as "no fit", not as "over
+        # quota": the core lets a FIFO queue pass a job blocked by its team's quota.)
+        self._team_limit: float | None = None
+        room = _Room(nodes)
+        fitting = [j for j in jobs if room.fits(j, gpus_per_node)]
+        self._excluded = tuple(j for j in jobs if not room.fits(j, gpus_per_node))
+        self._arrivals = fitting
+        self._live = {
+            j.id: _LiveJob(
+                j, core_job(j, gpus_per_node, j.user or j.tenant), job_units(j), job_units(j)
+            )
+            for j in fitting
+        }
+        self._pending: dict[str, Job] = {}
+        self._running: dict[str, RunningJob] = {}
+        self._owner: dict[str, str] = {}  # slice id -> job id
+        self._held: dict[str, float] = dict.fromkeys(teams, 0.0)
+        self._held_by_user: dict[tuple[str, str], float] = {}
+        # GPU units of each team's pending jobs (how many of each size), to tell cheaply
+        # whether a pending job would keep its team within its guarantee.
+        self._queued_sizes: dict[str, Counter[float]] = {team: Counter() for team in teams}
+        self._usage: dict[str, float] = dict.fromkeys(teams, 0.0)
+        self._user_usage: dict[tuple[str, str], float] = {}
+        self._completions: list[tuple[float, int, str, int]] = []
+        self._stops: list[tuple[float, int, str, int]] = []
+        self._ticks: list[float] = []
+        self._tick_times: set[float] = set()
+        self._seq = 0
+        self._clock = jobs[0].submit_s if jobs else 0.0
+        self._failed: list[str] = []
+        self._passes = 0
+        self._skipped = 0
+        self._tick_count = 0
+        self._progress = progress
+        self._finished = 0
+
+    # --- the loop ------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        next_arrival = 0
+        passes_now = 0
+        last_instant = None
+        instants = 0
+        while True:
+            now = self._next_instant(next_arrival)
+            if now is None:
+                break
+            instants += 1
+            if self._progress is not None and instants % PROGRESS_EVERY == 0:
+                self._progress(now, self._finished, len(self._pending))
+            passes_now = passes_now + 1 if now == last_instant else 1
+            if passes_now > MAX_PASSES_PER_INSTANT:
+                raise SimulationError(f"the core did not settle at t={now:g}s")
+            last_instant = now
+            self._advance_usage(now)
+            self._finish_completions(now)
+            self._stop_victims(now)
+            next_arrival = self._admit_arrivals(now, next_arrival)
+            self._pop_ticks(now)
+            self._pass(now)
+        return self._result()
+
+    def _next_instant(self, next_arrival: int) -> float | None:
+        candidates = []
+        if next_arrival < len(self._arrivals):
+            candidates.append(self._arrivals[next_arrival].submit_s)
+        if self._completions:
+            candidates.append(self._completions[0][0])
+        if self._stops:
+            candidates.append(self._stops[0][0])
+        if self._ticks:
+            candidates.append(self._ticks[0])
+        return min(candidates) if candidates else None
+
+    def _advance_usage(self, now: float) -> None:
+        """Charge what every team and user held since the last instant, as the shell does.
+
+        ``U <- decay(U, dt, T_half) + held * dt``: running jobs are charged as they run, so
+        each snapshot's usage includes the GPU time used up to that moment.
+        """
+        elapsed = now - self._clock
+        if elapsed <= 0:
+            return
+        factor = decay(1.0, elapsed, self._config.usage_half_life_s)  # the same for everyone
+        for team, usage in self._usage.items():
+            self._usage[team] = usage * factor + self._held[team] * elapsed
+        for key, usage in self._user_usage.items():
+            held = self._held_by_user.get(key, 0.0)
+            self._user_usage[key] = usage * factor + held * elapsed
+        self._clock = now
+
+    def _finish_completions(self, now: float) -> None:
+        while self._completions and self._completions[0][0] <= now:
+            _, _, job_id, attempt = heapq.heappop(self._completions)
+            live = self._live[job_id]
+            if attempt == live.attempt and job_id in self._running:
+                self._release(job_id, now, preempted=False)
+                self._finished += 1
+
+    def _stop_victims(self, now: float) -> None:
+        while self._stops and self._stops[0][0] <= now:
+            _, _, job_id, attempt = heapq.heappop(self._stops)
+            live = self._live[job_id]
+            if attempt == live.attempt and job_id in self._running:
+                self._requeue_victim(job_id, now)
+
+    def _admit_arrivals(self, now: float, next_arrival: int) -> int:
+        while next_arrival < len(self._arrivals) and self._arrivals[next_arrival].submit_s <= now:
+            self._enqueue(self._live[self._arrivals[next_arrival].id].job)
+            next_arrival += 1
+        return next_arrival
+
+    def _pop_ticks(self, now: float) -> None:
+        while self._ticks and self._ticks[0] <= now:
+            self._tick_times.discard(heapq.heappop(self._ticks))
+
+    # --- one scheduling pass ---------------------------------------------------------------
+
+    def _pass(self, now: float) -> None:
+        if not self._pending:
+            return
+        if len(self._owner) == len(self._slice_units) and not self._preemption_possible():
+            self._skipped += 1
+            return
+        snapshot = Snapshot(
+            nodes=self._nodes,
+            teams=self._snapshot_teams(),
+            pending=tuple(self._pending.values()),
+            running=tuple(self._running.values()),
+            user_usage=dict(self._user_usage),
+        )
+        self._passes += 1
+        decisions = self._schedule(snapshot, now=now, config=self._config)
+        self._apply(decisions, now)
+        self._plan_tick(now)
+
+    def _snapshot_teams(self) -> dict[str, Team]:
+        return {
+            name: Team(
+                name=name,
+                weight=spec.weight,
+                guaranteed=float(spec.guaranteed_gpus),
+                limit=self._team_limit,
+                usage=self._usage[name],
+            )
+            for name, spec in self._teams.items()
+        }
+
+    def _reclaim_on(self) -> bool:
+        return self._config.policy is Policy.FAIRSHARE and self._config.reclaim
+
+    def _preemption_possible(self) -> bool:
+        """Whether a pass with no free slice could still preempt (then it must run)."""
+        if self._config.policy is not Policy.FAIRSHARE:
+            return False
+        if self._config.preempt_by_priority:
+            return True
+        return self._reclaim_on() and self._team_waits_under_guarantee()
+
+    def _team_waits_under_guarantee(self) -> bool:
+        """Whether some pending job would keep its team within its guarantee.
+
+        Only such a job can make the core reclaim borrowed capacity ("under its guarantee a
+        team always gets capacity"); a job that would take its team above the guarantee
+        borrows, and borrowing never preempts.
+        """
+        return any(
+            sizes and self._held[team] + min(sizes) <= self._teams[team].guaranteed_gpus + 1e-9
+            for team, sizes in self._queued_sizes.items()
+        )
+
+    def _plan_tick(self, now: float) -> None:
+        """Tick when the next reclaimable job reaches the minimum run time, if that matters."""
+        if not self._pending or not self._reclaim_on() or not self._team_waits_under_guarantee():
+            return
+        min_run = self._config.min_run_time_s
+        eligible_at = [
+            r.started_at + min_run
+            for r in self._running.values()
+            if r.preempting_since is None
+            and r.started_at + min_run > now
+            and (r.borrowed or self._held[r.job.team] > self._teams[r.job.team].guaranteed_gpus)
+        ]
+        if not eligible_at:
+            return
+        self._add_tick(min(eligible_at), counted=True)
+
+    def _add_tick(self, at: float, *, counted: bool) -> None:
+        if at in self._tick_times:
+            return
+        self._tick_times.add(at)
+        heapq.heappush(self._ticks, at)
+        self._tick_count += counted
+
+    # --- applying decisions -------------------------------------------------------------
+
+    def _apply(self, decisions: Decisions, now: float) -> None:
+        for fail in decisions.fail:
+            if self._pending.pop(fail.job_id, None) is None:
+                raise SimulationError(f"core failed job {fail.job_id}, which is not pending")
+            self._dequeue(self._live[fail.job_id])
+            self._failed.append(fail.job_id)
+        for preempt in decisions.preempt:
+            self._begin_preemption(preempt.job_id, now)
+        for assign in decisions.assign:
+            self._start(assign.job_id, assign.slice_ids, assign.borrowed, now)
+
+    def _begin_preemption(self, job_id: str, now: float) -> None:
+        running = self._running.get(job_id)
+        if running is None:
+            raise SimulationError(f"core preempted job {job_id}, which is not running")
+        if running.preempting_since is not None:
+            return  # already in its grace period
+        grace = self._config.grace_period_s
+        live = self._live[job_id]
+        if grace <= 0:  # stops at once, so its slices are free for this pass's assignments
+            self._requeue_victim(job_id, now)
+            self._add_tick(now, counted=False)  # and another pass now may use what it freed
+            return
+        self._running[job_id] = replace(running, preempting_since=now)
+        self._seq += 1
+        heapq.heappush(self._stops, (now + grace, self._seq, job_id, live.attempt))
+
+    def _start(self, job_id: str, slice_ids: tuple[str, ...], borrowed: bool, now: float) -> None:
+        job = self._pending.pop(job_id, None)
+        if job is None:
+            raise SimulationError(f"core assigned job {job_id}, which is not pending")
+        self._claim(job, slice_ids)
+        live = self._live[job_id]
+        self._dequeue(live)
+        units = sum(self._slice_units[s] for s in slice_ids)
+        live.units = units
+        node = self._owner_node(slice_ids)
+        self._running[job_id] = RunningJob(job, node, slice_ids, now, borrowed=borrowed)
+        live.segments.append(Segment(now, now, False))  # end filled in on release
+        team, user_key = job.team, (job.team, job.user)
+        self._held[team] += units
+        self._held_by_user[user_key] = self._held_by_user.get(user_key, 0.0) + units
+        self._user_usage.setdefault(user_key, 0.0)
+        self._seq += 1
+        end = now + live.trace.duration_s
+        heapq.heappush(self._completions, (end, self._seq, job_id, live.attempt))
+
+    def _claim(self, job: Job, slice_ids: tuple[str, ...]) -> None:
+        """Check the core's placement and mark its slices taken."""
+        request = job.request
+        if not request.minimum <= len(slice_ids) <= request.count:
+            raise SimulationError(
+                f"core gave job {job.id} {len(slice_ids)} slices; it asks for "
+                f"{request.minimum}..{request.count}"
+            )
+        for slice_id in slice_ids:
+            if slice_id not in self._slice_units:
+                raise SimulationError(f"core gave job {job.id} unknown slice {slice_id}")
+            if slice_id in self._owner:
+                raise SimulationError(
+                    f"core gave slice {slice_id} to {job.id}; {self._owner[slice_id]} holds it"
+                )
+            self._owner[slice_id] = job.id
+
+    def _owner_node(self, slice_ids: tuple[str, ...]) -> str:
+        return slice_ids[0].split("/", 1)[0] if slice_ids else ""
+
+    def _release(self, job_id: str, now: float, *, preempted: bool) -> None:
+        running = self._running.pop(job_id)
+        for slice_id in running.slice_ids:
+            del self._owner[slice_id]
+        live = self._live[job_id]
+        live.segments[-1] = Segment(live.segments[-1].start_s, now, preempted)
+        job = running.job
+        self._held[job.team] -= live.units
+        self._held_by_user[(job.team, job.user)] -= live.units
+
+    def _dequeue(self, live: _LiveJob) -> None:
+        sizes = self._queued_sizes[live.trace.tenant]
+        sizes[live.asks_units] -= 1
+        if not sizes[live.asks_units]:
+            del sizes[live.asks_units]
+
+    def _requeue_victim(self, job_id: str, now: float) -> None:
+        self._release(job_id, now, preempted=True)
+        live = self._live[job_id]
+        live.attempt += 1
+        if live.attempt > MAX_PREEMPTIONS_PER_JOB:
+            raise SimulationError(
+                f"job {job_id} was preempted {live.attempt} times by t={now:g}s: the core is "
+                "in a preemption loop"
+            )
+        self._enqueue(live.job)
+
+    def _enqueue(self, job: Job) -> None:
+        self._pending[job.id] = job
+        self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
+        self._user_usage.setdefault((job.team, job.user), 0.0)
+
+    def _result(self) -> SimResult:
+        records = tuple(
+            JobRecord(
+                job_id=live.trace.id,
+                tenant=live.trace.tenant,
+                gpus=live.units,
+                submit_s=live.trace.submit_s,
+                duration_s=live.trace.duration_s,
+                segments=tuple(live.segments),
+            )
+            for live in self._live.values()
+        )
+        return SimResult(
+            records=records,
+            excluded=self._excluded,
+            failed=tuple(self._failed),
+            capacity=self._capacity,
+            passes=self._passes,
+            skipped=self._skipped,
+            ticks=self._tick_count,
+        )
+
+
+def replay(
+    jobs: Sequence[TraceJob],
+    *,
+    nodes: tuple[Node, ...],
+    teams: Mapping[str, TeamSpec],
+    config: SchedulerConfig,
+    schedule: ScheduleFn,
+    gpus_per_node: int = 8,
+    progress: ProgressFn | None = None,
+) -> SimResult:
+    """Replay ``jobs`` (sorted by submit time) through ``schedule`` on ``nodes``."""
+    return Replay(
+        jobs,
+        nodes=nodes,
+        teams=teams,
+        config=config,
+        schedule=schedule,
+        gpus_per_node=gpus_per_node,
+        progress=progress,
+    ).run()

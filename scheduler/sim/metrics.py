@@ -1,0 +1,290 @@
+"""Metric definitions, computed from job records alone (so they compare across tools).
+
+- *wait* = end - submit - duration (work lost to preemption counts as waiting);
+  *JCT* = end - submit. Percentiles interpolate linearly between order statistics.
+- *utilisation* = useful GPU-seconds / (capacity x [first submit, last completion]).
+  Its *bound* = total work / (capacity x (makespan lower bound - first submit)), where the
+  makespan lower bound is the larger of max(submit + duration) and, over every submit time t,
+  t + (work submitted at or after t) / capacity.
+- *offered load* = work / (capacity x [first submit, last submit]).
+- *fairness*: at every moment the teams with demand (held + queued GPUs) get a weighted
+  max-min fair share of the cluster (water-filling by weight, each capped at its demand).
+  A team's ratio = min(1, held / fair share), time-averaged over the periods when it has
+  queued work; ``jain_waiting`` = Jain's index over those ratios (teams that never queued
+  are left out). A team's *entitlement* is its fair share integrated over the run and its
+  *share* what it held, both as fractions of capacity x [first submit, last completion].
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from scheduler.sim.records import JobRecord
+
+# The sharing-incentive check: with the shared policy every team's mean wait is at most
+# this factor times its mean wait on a private partition, plus this slack.
+SHARING_FACTOR = 1.05
+SHARING_SLACK_S = 120.0
+_EPSILON = 1e-9
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), interpolating linearly; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def makespan_lower_bound(records: Sequence[JobRecord], capacity: float) -> float:
+    """No schedule of these jobs on ``capacity`` units can end before this time."""
+    longest = max((r.submit_s + r.duration_s for r in records), default=0.0)
+    by_submit = sorted(records, key=lambda r: r.submit_s)
+    bound = longest
+    work_from_here = sum(r.work for r in records)
+    index = 0
+    while index < len(by_submit):
+        submit = by_submit[index].submit_s
+        bound = max(bound, submit + work_from_here / capacity)
+        while index < len(by_submit) and by_submit[index].submit_s == submit:
+            work_from_here -= by_submit[index].work
+            index += 1
+    return bound
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    jobs: int
+    mean_wait_s: float
+    p50_wait_s: float
+    p99_wait_s: float
+    mean_jct_s: float
+    p50_jct_s: float
+    p99_jct_s: float
+    mean_duration_s: float  # the bound of mean JCT
+    makespan_s: float
+    makespan_lower_bound_s: float
+    utilisation: float
+    utilisation_bound: float
+    offered_load: float
+
+
+def summarise(records: Sequence[JobRecord], capacity: float) -> Summary:
+    """Queueing, completion and utilisation figures of the finished jobs."""
+    done = [r for r in records if r.finished]
+    if not done:
+        return Summary(0, *([0.0] * 12))
+    waits = [r.wait_s for r in done]
+    jcts = [r.jct_s for r in done]
+    first_submit = min(r.submit_s for r in done)
+    last_submit = max(r.submit_s for r in done)
+    last_end = max(r.end_s for r in done)
+    work = sum(r.work for r in done)
+    lower = makespan_lower_bound(done, capacity)
+    return Summary(
+        jobs=len(done),
+        mean_wait_s=mean(waits),
+        p50_wait_s=percentile(waits, 50),
+        p99_wait_s=percentile(waits, 99),
+        mean_jct_s=mean(jcts),
+        p50_jct_s=percentile(jcts, 50),
+        p99_jct_s=percentile(jcts, 99),
+        mean_duration_s=mean([r.duration_s for r in done]),
+        makespan_s=last_end - first_submit,
+        makespan_lower_bound_s=lower - first_submit,
+        utilisation=_ratio(work, capacity * (last_end - first_submit)),
+        utilisation_bound=_ratio(work, capacity * (lower - first_submit)),
+        offered_load=_ratio(work, capacity * (last_submit - first_submit)),
+    )
+
+
+def _ratio(numerator: float, denominator: float) -> float:
+    """A ratio that reads 1.0 where no time passed (nothing to wait for, nothing idle)."""
+    return numerator / denominator if denominator > 0 else 1.0
+
+
+def water_fill(
+    demands: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> dict[str, float]:
+    """Weighted max-min fair shares of ``capacity``, each capped at the team's demand."""
+    shares = dict.fromkeys(demands, 0.0)
+    active = {team for team, demand in demands.items() if demand > _EPSILON}
+    left = capacity
+    while active and left > _EPSILON:
+        total_weight = sum(weights[team] for team in active)
+        capped = {t for t in active if demands[t] <= left * weights[t] / total_weight + _EPSILON}
+        if not capped:
+            for team in active:
+                shares[team] = left * weights[team] / total_weight
+            return shares
+        for team in capped:
+            shares[team] = demands[team]
+            left -= demands[team]
+        active -= capped
+    return shares
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """(sum x)^2 / (n * sum x^2); 1.0 when all are equal, including all zero."""
+    squares = sum(v * v for v in values)
+    if not values or squares <= 0:
+        return 1.0
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamFairness:
+    ratio: float | None  # time-averaged min(1, held / fair share) while queued; None: never
+    queued_s: float  # how long the team had queued work
+    held_unit_s: float  # GPU-unit-seconds held (including work later lost)
+    fair_unit_s: float  # its fair share integrated over the run
+
+
+@dataclass(frozen=True, slots=True)
+class Fairness:
+    teams: dict[str, TeamFairness]
+    jain_waiting: float
+
+
+def fairness(
+    records: Sequence[JobRecord], weights: Mapping[str, float], capacity: float
+) -> Fairness:
+    """Sweep held and queued GPUs per team over time against their water-filled share."""
+    changes = sorted(_demand_changes(records), key=lambda change: change[0])
+    teams = sorted({r.tenant for r in records})
+    held = dict.fromkeys(teams, 0.0)
+    queued = dict.fromkeys(teams, 0.0)
+    ratio_s = dict.fromkeys(teams, 0.0)
+    queued_s = dict.fromkeys(teams, 0.0)
+    held_s = dict.fromkeys(teams, 0.0)
+    fair_s = dict.fromkeys(teams, 0.0)
+    previous = changes[0][0] if changes else 0.0
+    for time, team, d_held, d_queued in changes:
+        elapsed = time - previous
+        if elapsed > 0:
+            demand = {t: held[t] + queued[t] for t in teams}
+            fair = _fair_shares(demand, weights, capacity)
+            for t in teams:
+                held_s[t] += held[t] * elapsed
+                fair_s[t] += fair[t] * elapsed
+                if queued[t] > _EPSILON:
+                    queued_s[t] += elapsed
+                    got = held[t] / fair[t] if fair[t] > _EPSILON else 1.0
+                    ratio_s[t] += min(1.0, got) * elapsed
+            previous = time
+        held[team] += d_held
+        queued[team] += d_queued
+    result = {
+        t: TeamFairness(
+            ratio=ratio_s[t] / queued_s[t] if queued_s[t] > 0 else None,
+            queued_s=queued_s[t],
+            held_unit_s=held_s[t],
+            fair_unit_s=fair_s[t],
+        )
+        for t in teams
+    }
+    ratios = [f.ratio for f in result.values() if f.ratio is not None]
+    return Fairness(result, jain_index(ratios))
+
+
+def _fair_shares(
+    demand: Mapping[str, float], weights: Mapping[str, float], capacity: float
+) -> dict[str, float]:
+    if sum(demand.values()) <= capacity:  # no contention: everyone's share is its demand
+        return dict(demand)
+    return water_fill(demand, weights, capacity)
+
+
+def _demand_changes(records: Iterable[JobRecord]) -> list[tuple[float, str, float, float]]:
+    """(time, team, change in held, change in queued) for every job's queue and run spans."""
+    horizon = max((s.end_s for r in records for s in r.segments), default=0.0)
+    horizon = max([horizon, *(r.submit_s for r in records)])
+    changes: list[tuple[float, str, float, float]] = []
+    for record in records:
+        team, units = record.tenant, record.gpus
+        queued_from = record.submit_s
+        for segment in record.segments:
+            changes.append((queued_from, team, 0.0, units))
+            changes.append((segment.start_s, team, units, -units))
+            changes.append((segment.end_s, team, -units, 0.0))
+            queued_from = segment.end_s
+        if not record.finished:  # still queued when the replay ended
+            changes.append((queued_from, team, 0.0, units))
+            changes.append((horizon, team, 0.0, -units))
+    return changes
+
+
+@dataclass(frozen=True, slots=True)
+class TeamResult:
+    jobs: int
+    mean_wait_s: float
+    share: float
+    entitlement: float
+    fair_ratio: float | None
+
+
+def per_team(
+    records: Sequence[JobRecord], weights: Mapping[str, float], capacity: float
+) -> tuple[dict[str, TeamResult], float]:
+    """Each team's waits, share and entitlement, and the run's ``jain_waiting``."""
+    measured = fairness(records, weights, capacity)
+    done = [r for r in records if r.finished]
+    span = capacity * (
+        max((r.end_s for r in done), default=0.0) - min((r.submit_s for r in done), default=0.0)
+    )
+    waits: dict[str, list[float]] = defaultdict(list)
+    for record in done:
+        waits[record.tenant].append(record.wait_s)
+    teams = {
+        team: TeamResult(
+            jobs=len(waits[team]),
+            mean_wait_s=mean(waits[team]),
+            share=_ratio(f.held_unit_s, span) if span > 0 else 0.0,
+            entitlement=_ratio(f.fair_unit_s, span) if span > 0 else 0.0,
+            fair_ratio=f.ratio,
+        )
+        for team, f in measured.teams.items()
+    }
+    return teams, measured.jain_waiting
+
+
+@dataclass(frozen=True, slots=True)
+class SharingCheck:
+    jobs: int  # the team's jobs that ran in both (jobs left out of its partition are not)
+    mean_wait_s: float  # with the shared policy, over those jobs
+    private_mean_wait_s: float
+    holds: bool | None  # None: no job of the team could run on its partition
+
+
+def sharing_incentive(
+    shared: Sequence[JobRecord], private: Sequence[JobRecord]
+) -> dict[str, SharingCheck]:
+    """Per team: mean wait shared <= 1.05 x mean wait on its private partition + 120 s."""
+    shared_by_id = {r.job_id: r for r in shared if r.finished}
+    by_team: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    teams = sorted({r.tenant for r in shared} | {r.tenant for r in private})
+    for record in private:
+        twin = shared_by_id.get(record.job_id)
+        if record.finished and twin is not None:
+            by_team[record.tenant].append((twin.wait_s, record.wait_s))
+    checks: dict[str, SharingCheck] = {}
+    for team in teams:
+        pairs = by_team.get(team, [])
+        if not pairs:
+            checks[team] = SharingCheck(0, 0.0, 0.0, None)
+            continue
+        ours = mean([p[0] for p in pairs])
+        theirs = mean([p[1] for p in pairs])
+        holds = ours <= SHARING_FACTOR * theirs + SHARING_SLACK_S
+        checks[team] = SharingCheck(len(pairs), ours, theirs, holds)
+    return checks

@@ -1,0 +1,121 @@
+"""Metric definitions on tiny hand-made segment lists, with the arithmetic in the comments."""
+
+from __future__ import annotations
+
+import pytest
+from sim_helpers import record
+
+from scheduler.sim.metrics import (
+    fairness,
+    jain_index,
+    makespan_lower_bound,
+    per_team,
+    percentile,
+    sharing_incentive,
+    summarise,
+    water_fill,
+)
+
+
+def test_percentiles_interpolate_between_order_statistics() -> None:
+    assert percentile([4.0, 1.0, 3.0, 2.0], 50) == 2.5
+    assert percentile([float(v) for v in range(101)], 99) == 99.0
+    assert percentile([], 50) == 0.0
+
+
+def test_wait_counts_work_lost_to_preemption() -> None:
+    # Ran 0..90, preempted; ran again 190..1190 for its 1000 s: wait = 1190 - 0 - 1000.
+    job = record("a1", 8, 0, 1000, (0, 90, True), (190, 1190, False))
+    assert (job.wait_s, job.jct_s, job.finished) == (190, 1190, True)
+
+
+def test_utilisation_and_its_bound_on_two_gpus() -> None:
+    # A: 2 GPUs, submit 0, 10 s; B: 1 GPU, submit 5, 10 s. Work = 20 + 10 = 30 GPU-s.
+    # Makespan bound = max(max(submit + duration) = 15, 0 + 30/2 = 15, 5 + 10/2 = 10) = 15.
+    # Bound = 30 / (2 x 15) = 1.0. B ran 10..20: utilisation = 30 / (2 x 20) = 0.75.
+    # Offered load = 30 / (2 x (5 - 0)) = 3.0.
+    records = [record("A", 2, 0, 10, (0, 10, False)), record("B", 1, 5, 10, (10, 20, False))]
+    summary = summarise(records, 2)
+    assert (summary.utilisation, summary.utilisation_bound, summary.offered_load) == (
+        0.75,
+        1.0,
+        3.0,
+    )
+    assert (summary.mean_wait_s, summary.makespan_s, summary.makespan_lower_bound_s) == (
+        2.5,
+        20,
+        15,
+    )
+
+
+def test_the_makespan_bound_takes_the_work_still_to_come() -> None:
+    # One GPU; 4 s of work at t=0 and 4 s at t=10: 10 + 4/1 = 14 beats 0 + 8/1 = 8.
+    records = [record("x", 1, 0, 4), record("y", 1, 10, 4)]
+    assert makespan_lower_bound(records, 1) == 14
+
+
+def test_water_filling_caps_small_demands_and_splits_the_rest_by_weight() -> None:
+    # 10 GPUs, weights 1:1:2. a wants 1 (< its 2.5): capped. 9 left for b and c at 1:2.
+    shares = water_fill({"a": 1, "b": 10, "c": 10}, {"a": 1, "b": 1, "c": 2}, 10)
+    assert shares == pytest.approx({"a": 1, "b": 3, "c": 6})
+    assert water_fill({"a": 2, "b": 0}, {"a": 1, "b": 1}, 10) == {"a": 2, "b": 0}
+
+
+def test_jain_index_of_equal_and_unequal_ratios() -> None:
+    assert jain_index([1.0, 1.0]) == 1.0
+    assert jain_index([1.0, 0.0]) == 0.5
+    assert jain_index([1.0, 0.5]) == pytest.approx(2.25 / 2.5)  # (1.5)^2 / (2 x 1.25)
+
+
+def _two_teams() -> list:
+    # 4 GPUs, weights 1:1. a1 (4 GPUs) runs 0..10, a2 (4) waits and runs 20..30,
+    # b1 (2) waits and runs 10..20; all submitted at 0.
+    return [
+        record("a1", 4, 0, 10, (0, 10, False), tenant="a"),
+        record("a2", 4, 0, 10, (20, 30, False), tenant="a"),
+        record("b1", 2, 0, 10, (10, 20, False), tenant="b"),
+    ]
+
+
+def test_fairness_ratios_follow_the_water_filled_share_while_queued() -> None:
+    # [0,10): demand a 8, b 2 > 4 GPUs: b capped at 2, a gets 2. a holds 4 -> ratio 1;
+    #         b holds 0 -> ratio 0.
+    # [10,20): demand a 4, b 2 > 4: b 2, a 2. a holds 0 -> ratio 0; b has nothing queued.
+    # [20,30): a alone, nothing queued.
+    # a: (1 x 10 + 0 x 10) / 20 = 0.5; b: 0 / 10 = 0; Jain([0.5, 0]) = 0.25 / 0.5 = 0.5.
+    measured = fairness(_two_teams(), {"a": 1, "b": 1}, 4)
+    assert measured.teams["a"].ratio == 0.5
+    assert measured.teams["b"].ratio == 0.0
+    assert measured.jain_waiting == 0.5
+
+
+def test_share_and_entitlement_are_fractions_of_capacity_over_the_run() -> None:
+    # Fair share integrated: a 2x10 + 2x10 + 4x10 = 80, b 2x10 + 2x10 = 40 unit-seconds;
+    # held: a 40 + 40 = 80, b 20. Capacity x span = 4 x 30 = 120.
+    teams, jain = per_team(_two_teams(), {"a": 1, "b": 1}, 4)
+    assert teams["a"].share == pytest.approx(80 / 120)
+    assert teams["a"].entitlement == pytest.approx(80 / 120)
+    assert teams["b"].share == pytest.approx(20 / 120)
+    assert teams["b"].entitlement == pytest.approx(40 / 120)
+    assert (teams["a"].mean_wait_s, teams["b"].mean_wait_s, jain) == (10, 10, 0.5)
+
+
+def test_the_sharing_incentive_compares_the_same_jobs_with_slack() -> None:
+    # a: private waits 100 and 300 (mean 200), shared 300 and 100 (mean 200 <= 330): holds.
+    # b: private 0, shared 200 > 1.05 x 0 + 120: fails. c ran nothing privately: no verdict.
+    private = [
+        record("a1", 1, 0, 10, (100, 110, False), tenant="a"),
+        record("a2", 1, 0, 10, (300, 310, False), tenant="a"),
+        record("b1", 1, 0, 10, (0, 10, False), tenant="b"),
+    ]
+    shared = [
+        record("a1", 1, 0, 10, (300, 310, False), tenant="a"),
+        record("a2", 1, 0, 10, (100, 110, False), tenant="a"),
+        record("a3", 1, 0, 10, (5000, 5010, False), tenant="a"),  # too big privately
+        record("b1", 1, 0, 10, (200, 210, False), tenant="b"),
+        record("c1", 1, 0, 10, (0, 10, False), tenant="c"),
+    ]
+    checks = sharing_incentive(shared, private)
+    assert (checks["a"].holds, checks["a"].jobs, checks["a"].mean_wait_s) == (True, 2, 200)
+    assert checks["b"].holds is False
+    assert checks["c"].holds is None
