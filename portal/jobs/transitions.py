@@ -8,13 +8,15 @@ the same transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
+from portal.bulk import insert_rows, update_rows
 from portal.jobs.models import Job, JobEvent, JobState
 
 S = JobState
@@ -91,6 +93,41 @@ def transition(
                 )
                 return source
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One job of a batch transition: its new attempt, its event's message, and the values of
+    the batch's other columns."""
+
+    job_id: int
+    attempt: int
+    message: str
+    values: tuple[Any, ...] = ()
+
+
+def transition_many(
+    moves: Sequence[Move], *, to: str, from_state: str, columns: Sequence[str], at: datetime
+) -> bool:
+    """``transition`` for many jobs at once (a scheduling pass assigns thousands): the same
+    check, the same guard — only rows still in ``from_state`` change — and the same events,
+    in a few statements instead of a few per job.
+
+    Returns False when any job had left ``from_state``; the caller must then roll back its
+    transaction (nothing here is partial on its own).
+    """
+    check_transition(from_state, to)
+    if not moves:
+        return True
+    rows = [(m.job_id, to, *m.values) for m in moves]
+    if update_rows(Job, ("state", *columns), rows, where_state=from_state) != len(moves):
+        return False
+    insert_rows(
+        JobEvent,
+        ("job", "at", "from_state", "to_state", "attempt", "message"),
+        [(m.job_id, at, from_state, to, m.attempt, m.message) for m in moves],
+    )
+    return True
 
 
 def record_event(job_id: int, *, message: str, attempt: int, at: datetime | None = None) -> None:

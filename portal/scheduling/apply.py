@@ -26,10 +26,10 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
+from portal.bulk import insert_rows, update_rows
 from portal.cluster.models import Allocation
 from portal.jobs.models import HOLDING_STATES, Job, JobEvent, JobState
-from portal.jobs.transitions import check_transition, transition
-from portal.scheduling.bulk import insert_rows, update_rows
+from portal.jobs.transitions import Move, transition, transition_many
 from portal.scheduling.snapshot import LoadedSnapshot
 from scheduler.model import Assign, Decisions, Pending, Preempt
 
@@ -43,7 +43,6 @@ _LOCK_CHUNK = 2_000
 Explanation = tuple[str, str, dict[str, Any], int | None, datetime | None]
 _CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None)
 _ASSIGN_COLUMNS = (
-    "state",
     "attempt",
     "node",
     "borrowed",
@@ -179,7 +178,6 @@ def _assign(
 ) -> tuple[list[int], list[int]]:
     if not decisions:
         return [], []
-    check_transition(JobState.PENDING, JobState.ASSIGNED)
     attempts = _lock_pending([int(d.job_id) for d in decisions])
     plans: list[_Plan] = []
     conflicts: list[int] = []
@@ -247,28 +245,23 @@ def _plan(decision: Assign, attempt: int | None, loaded: LoadedSnapshot) -> _Pla
 def _write_assignments(plans: Sequence[_Plan], now: datetime) -> None:
     if not plans:
         return
-    rows = [
-        (
-            p.job_id,
-            JobState.ASSIGNED.value,
-            p.attempt,
-            p.node_id,
-            p.borrowed,
-            now,
-            *_CLEARED_EXPLANATION,
+    moves = [
+        Move(
+            job_id=p.job_id,
+            attempt=p.attempt,
+            message=p.message,
+            values=(p.attempt, p.node_id, p.borrowed, now, *_CLEARED_EXPLANATION),
         )
         for p in plans
     ]
-    if update_rows(Job, _ASSIGN_COLUMNS, rows, where_state=JobState.PENDING) != len(plans):
+    if not transition_many(
+        moves,
+        to=JobState.ASSIGNED,
+        from_state=JobState.PENDING,
+        columns=_ASSIGN_COLUMNS,
+        at=now,
+    ):
         raise _LostRace("a job left PENDING while the pass applied its decisions")
-    insert_rows(
-        JobEvent,
-        ("job", "at", "from_state", "to_state", "attempt", "message"),
-        [
-            (p.job_id, now, JobState.PENDING.value, JobState.ASSIGNED.value, p.attempt, p.message)
-            for p in plans
-        ],
-    )
     insert_rows(
         Allocation,
         ("job", "attempt", "slice", "created_at", "released_at"),

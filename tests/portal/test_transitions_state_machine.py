@@ -11,9 +11,11 @@ from portal.jobs.testing import make_job, make_team, make_user
 from portal.jobs.transitions import (
     ALLOWED_TRANSITIONS,
     IllegalTransition,
+    Move,
     check_transition,
     record_event,
     transition,
+    transition_many,
 )
 
 S = JobState
@@ -192,3 +194,41 @@ def test_a_cancel_that_loses_a_race_with_the_scheduler_stops_the_job_instead(job
 
     assert (cancelled.state, cancelled.stop_reason) == (S.ASSIGNED, "cancel")
     assert cancelled.stop_requested_at is not None
+
+
+def test_a_batch_transition_moves_every_job_with_its_columns_and_events(db):
+    team = make_team("vision")
+    user = make_user("alice", team=team)
+    jobs = [make_job(team=team, user=user) for _ in range(3)]
+    at = jobs[0].submitted_at
+
+    moved = transition_many(
+        [Move(job_id=j.pk, attempt=1, message=f"assigned {j.pk}", values=(1,)) for j in jobs],
+        to=S.ASSIGNED,
+        from_state=S.PENDING,
+        columns=("attempt",),
+        at=at,
+    )
+
+    assert moved is True
+    assert set(Job.objects.values_list("state", "attempt")) == {(S.ASSIGNED, 1)}
+    events = JobEvent.objects.filter(to_state=S.ASSIGNED).order_by("job_id")
+    assert [(e.job_id, e.from_state, e.message) for e in events] == [
+        (j.pk, S.PENDING, f"assigned {j.pk}") for j in jobs
+    ]
+
+
+def test_a_batch_transition_reports_a_job_that_moved_on_and_refuses_illegal_edges(db):
+    team = make_team("vision")
+    user = make_user("alice", team=team)
+    waiting, cancelled = make_job(team=team, user=user), make_job(team=team, user=user)
+    transition(cancelled.pk, to=S.CANCELLED, from_states=[S.PENDING])
+    moves = [Move(job_id=j.pk, attempt=1, message="assigned") for j in (waiting, cancelled)]
+
+    assert not transition_many(
+        moves, to=S.ASSIGNED, from_state=S.PENDING, columns=(), at=waiting.submitted_at
+    )
+    with pytest.raises(IllegalTransition):
+        transition_many(
+            moves, to=S.RUNNING, from_state=S.PENDING, columns=(), at=waiting.submitted_at
+        )
