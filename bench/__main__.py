@@ -6,17 +6,20 @@
 (c) the same pass through the database shell on PostgreSQL when DATABASE_URL is set
     (bench/db_pass.py).
 
-Options: --skip-philly, --skip-db, --philly-trace PATH, --gpus 512,400, --out PATH.
+Options: --skip-philly, --skip-db, --philly-trace PATH, --philly-limit-jobs N, --gpus 512,400,
+--core-repeats N, --out PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +34,35 @@ def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def _philly_one_size(trace: Path, gpus: int, limit_jobs: int | None) -> list[dict[str, Any]]:
+    from bench import philly
+
+    started = time.monotonic()
+    reports = philly.run(trace, gpu_sizes=(gpus,), limit_jobs=limit_jobs, out=io.StringIO())
+    print(f"  {gpus} GPUs: 4 policies replayed in {time.monotonic() - started:.0f} s", flush=True)
+    return reports
+
+
+def _philly_in_parallel(
+    trace: Path, sizes: tuple[int, ...], limit_jobs: int | None
+) -> list[dict[str, Any]]:
+    """One process per cluster size (each replay is single-threaded Python)."""
+    workers = max(1, min(len(sizes), os.cpu_count() or 1))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        per_size = list(
+            pool.map(_philly_one_size, [trace] * len(sizes), sizes, [limit_jobs] * len(sizes))
+        )
+    return [report for reports in per_size for report in reports]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--philly-trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--gpus", default="512,400", help="cluster sizes for the Philly replays")
     parser.add_argument("--skip-philly", action="store_true")
+    parser.add_argument(
+        "--philly-limit-jobs", type=int, help="replay only the first N jobs (a quick check)"
+    )
     parser.add_argument("--skip-db", action="store_true")
     parser.add_argument("--core-repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
@@ -48,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import core_pass
 
-    print("== (b) core pass: schedule() on 10,000 pending jobs, 1,000 nodes x 8 GPUs ==", flush=True)
+    print(
+        "== (b) core pass: schedule() on 10,000 pending jobs, 1,000 nodes x 8 GPUs ==", flush=True
+    )
     core = core_pass.run(repeats=args.core_repeats)
     results["core_pass"] = core
     print(
@@ -63,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from bench import db_pass
 
-        print("\n== (c) database pass: snapshot -> schedule() -> apply on PostgreSQL ==", flush=True)
+        print(
+            "\n== (c) database pass: snapshot -> schedule() -> apply on PostgreSQL ==", flush=True
+        )
         db = db_pass.run()
         results["db_pass"] = db
         print(
@@ -79,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 
         sizes = tuple(int(size) for size in args.gpus.split(",") if size.strip())
         print(f"\n== (a) Philly trace replays on {', '.join(map(str, sizes))} GPUs ==", flush=True)
-        results["philly"] = philly.run(args.philly_trace, gpu_sizes=sizes)
+        results["philly"] = _philly_in_parallel(args.philly_trace, sizes, args.philly_limit_jobs)
+        print(philly.render_table(results["philly"]))
+        results["philly_targets"] = philly.check_targets(results["philly"])
+        print(philly.render_targets(results["philly_targets"]), flush=True)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
