@@ -41,6 +41,11 @@ class SchedulerConfig:
     preempt_by_priority: bool = False
     min_run_time_s: float = 60.0  # a job runs at least this long before it can be a victim
     grace_period_s: float = 30.0  # victims get this long to stop
+    # Reclaim never takes a job that has run this long (its restart from zero would lose
+    # more than the reclaiming team waits for it); None: no such protection. On Philly one
+    # reclaim of an 8-GPU job after 49 days of running set the makespan (see
+    # docs/scheduling.md, Preemption).
+    reclaim_max_run_s: float | None = 3 * 24 * 3600.0
     # Billing weight of one GPU unit per GPU model (missing models weigh 1.0).
     model_weights: Mapping[str, float] = field(default_factory=_no_model_weights)
     # Explanations (reasons, positions, ETAs) for every pending job; replays may switch off.
@@ -69,6 +74,11 @@ class SchedulerConfig:
         _check(self.aging_per_hour >= 0, "aging_per_hour", "a number >= 0")
         _check(self.min_run_time_s >= 0, "min_run_time_s", "a number >= 0")
         _check(self.grace_period_s >= 0, "grace_period_s", "a number >= 0")
+        _check(
+            self.reclaim_max_run_s is None or self.reclaim_max_run_s >= 0,
+            "reclaim_max_run_s",
+            "None or a number >= 0",
+        )
         _check(self.history_weight >= 0, "history_weight", "a number >= 0")
         _check(self.max_reservations >= 0, "max_reservations", "an integer >= 0")
         for model, weight in self.model_weights.items():

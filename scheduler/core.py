@@ -24,6 +24,7 @@ import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 
 from scheduler.backfill import (
@@ -49,6 +50,7 @@ from scheduler.model import (
     Reason,
     RunningJob,
     Slice,
+    SliceKind,
     Snapshot,
     Team,
 )
@@ -58,6 +60,7 @@ from scheduler.units import decayed_rate
 
 _EPS = 1e-9
 Numbers = dict[str, float | str]
+_Known = tuple[Reason, float | None]  # an explained reason and estimated start
 
 
 def schedule(snapshot: Snapshot, *, now: float, config: SchedulerConfig) -> Decisions:
@@ -94,8 +97,9 @@ def _schedule(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Decisi
                 cycle.record_rest(jobs)
                 continue
             ordered = cycle.order(cycle.narrow(jobs))
+            admit = cycle.admit
             for candidate in ordered:
-                cycle.admit(candidate)
+                admit(candidate)
                 if cycle.settled:
                     cycle.record_rest(ordered.rest())
                     break
@@ -115,7 +119,7 @@ class _Candidate:
     unit: float  # units of one slice (the smallest among its pools), for quota checks
     minimum: int
     count: int
-    # What decides whether it finds room, besides the state of the pass (see _verdict_key).
+    # What decides whether it finds room, besides the state of the pass (see admit).
     shape: tuple[object, ...] = ()
 
 
@@ -189,6 +193,7 @@ class _Cycle:
         self.pool_version: dict[Pool, int] = {}
         self.team_version: dict[str, int] = {}
         self._verdicts: dict[tuple[object, ...], tuple[object, PendingCode, Numbers]] = {}
+        self._no_room: dict[tuple[object, ...], tuple[object, PendingCode, Numbers]] = {}
         self.placed_ends: list[tuple[Job, float, float | None]] = []
 
     # -- 1. snapshot ---------------------------------------------------------------------------
@@ -200,20 +205,22 @@ class _Cycle:
         holders: dict[str, str] = {}
         team_units = self.ledger.team
         user_units = self.ledger.user
-        held_list: list[tuple[RunningJob, list[Slice], float, float | None]] = []
+        held_list: list[tuple[RunningJob, tuple[Slice, ...], float, float | None]] = []
         # One tight loop over the running jobs: what they hold, what it is worth, when it
         # ends (the time limit; for a victim in its grace period, the end of the grace).
         for run in self.snapshot.running:
             ids = run.slice_ids
             job = run.job
+            held: tuple[Slice, ...]
             team = job.team
             if len(ids) == 1:
                 first = slices.get(ids[0])
-                held = [first] if first is not None else []
+                held = (first,) if first is not None else ()
                 units = first.units if first is not None else 0.0
                 holders[ids[0]] = team
             else:
-                held = [slices[i] for i in ids if i in slices]
+                # (tuples, so the timeline keeps them as they are instead of copying)
+                held = tuple([slices[i] for i in ids if i in slices])
                 units = sum(item.units for item in held)
                 holders.update(dict.fromkeys(ids, team))
             team_units[team] = team_units.get(team, 0.0) + units
@@ -262,13 +269,19 @@ class _Cycle:
         }
         top = max((self._rank(j.priority) for j in self.snapshot.pending), default=0)
         oldest = self.now - config.min_run_time_s
+        # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
+        protected = (
+            -math.inf if config.reclaim_max_run_s is None else self.now - config.reclaim_max_run_s
+        )
         out = []
         for run, held, units, _ in self.held:
             rank = self._rank(run.job.priority)
             if run.preempting_since is None:
                 if not run.job.preemptible or run.started_at > oldest:
                     continue
-                by_reclaim = config.reclaim and run.job.team in borrowing
+                by_reclaim = (
+                    config.reclaim and run.job.team in borrowing and run.started_at >= protected
+                )
                 if not (by_reclaim or (config.preempt_by_priority and rank < top)):
                     continue
             out.append(Holder(run, rank, held, units, run.job.team))
@@ -291,14 +304,23 @@ class _Cycle:
     def nominate(self) -> list[list[_Candidate]]:
         """Candidates grouped by class, highest class first (one group for FIFO baselines)."""
         by_rank: dict[int, list[_Candidate]] = {}
+        nominate, fifo = self._nominate, self.fifo
         for job in self.snapshot.pending:
-            candidate = self._nominate(job)
+            candidate = nominate(job)
             if candidate is not None:
-                by_rank.setdefault(0 if self.fifo else candidate.rank, []).append(candidate)
+                rank = 0 if fifo else candidate.rank
+                group = by_rank.get(rank)
+                if group is None:
+                    group = by_rank[rank] = []
+                group.append(candidate)
         active: dict[str, set[str]] = {}
         for group in by_rank.values():
             for c in group:
-                active.setdefault(c.job.team, set()).add(c.job.user)
+                job = c.job
+                users = active.get(job.team)
+                if users is None:
+                    users = active[job.team] = set()
+                users.add(job.user)
         for name in active:
             team = self._team(name)
             if self.ledger.team.get(name, 0.0) < team.guaranteed - _EPS:
@@ -348,7 +370,10 @@ class _Cycle:
             self.parked.append(_Left(job, PendingCode.NO_MATCHING_SLICES, numbers))
             return None
         user = job.user if team.member_limit is not None else ""
-        shape = (job.team, user, info.pools, info.minimum, rank, request.multi_node)
+        # The class matters to a verdict only when it may preempt by class; leaving it out
+        # otherwise lets jobs of all classes share verdicts (half as many misses).
+        by_class = rank if self.config.preempt_by_priority else 0
+        shape = (job.team, user, info.pools, info.minimum, by_class, request.multi_node)
         return _Candidate(
             job, team, rank, info.pools, info.unit, info.minimum, request.count, shape
         )
@@ -429,12 +454,30 @@ class _Cycle:
             self._wait(c, PendingCode.WAITING_FOR_RESERVATION, {"blocked_by": self.fifo_head.id})
             return
         # A job shaped like one that just failed, with nothing changed since, fails the same
-        # way: say so without looking again (most of a long queue in a full cluster).
-        verdict_key = self._verdict_key(c)
+        # way: say so without looking again (most of a long queue in a full cluster). This is
+        # the path most jobs of a long queue take, so its key and stamp are computed inline:
+        # the key is the shape plus which reservations the job may use, the stamp the
+        # versions of everything, its team and its pools.
+        verdict_key = c.shape
+        reservations = self.reservations
+        if reservations and job.time_limit_s is not None:
+            ends = self.now + job.time_limit_s
+            if len(reservations) == 1:
+                verdict_key = (*verdict_key, reservations[0].lets(ends))
+            else:
+                verdict_key = (*verdict_key, *[r.lets(ends) for r in reservations])
+        pools = c.pools
+        versions = self.pool_version
+        stamp = (
+            self.version,
+            self.team_version.get(job.team, 0),
+            versions.get(pools[0], 0)
+            if len(pools) == 1
+            else tuple(versions.get(p, 0) for p in pools),
+        )
         verdict = self._verdicts.get(verdict_key)
-        stamp = self._stamp(c)
         if verdict is not None and verdict[0] == stamp:
-            self._wait(c, verdict[1], verdict[2])
+            self.left.append(_Left(job, verdict[1], verdict[2], c))
             return
         room = self._quota_room(c)
         if room is None:
@@ -475,25 +518,17 @@ class _Cycle:
             self.version += 1
             self.check_settled()
             return
-        entry = self._wait_for_capacity(c)
+        # Why it does not fit depends on its team, request and the versions in the stamp,
+        # not on its user or class: jobs that differ only there share the answer.
+        request = job.request
+        why_key = (job.team, pools, c.minimum, request.multi_node, request.profile)
+        why = self._no_room.get(why_key)
+        if why is not None and why[0] == stamp:
+            entry = self._wait(c, why[1], why[2])
+        else:
+            entry = self._wait_for_capacity(c)
+            self._no_room[why_key] = (stamp, entry.code, entry.numbers)
         self._verdicts[verdict_key] = (stamp, entry.code, entry.numbers)
-
-    def _stamp(self, c: _Candidate) -> tuple[object, ...]:
-        """The versions a verdict for ``c`` depends on: everything, its team, its pools."""
-        pools = self.pool_version
-        team = self.team_version.get(c.job.team, 0)
-        if len(c.pools) == 1:
-            return (self.version, team, pools.get(c.pools[0], 0))
-        return (self.version, team, tuple(pools.get(p, 0) for p in c.pools))
-
-    def _verdict_key(self, c: _Candidate) -> tuple[object, ...]:
-        """What decides whether a job finds room, besides the state of the pass."""
-        if not self.reservations:
-            return c.shape
-        ends = self._ends_at(c.job)
-        if ends is None:
-            return c.shape
-        return (*c.shape, *[r.lets(ends) for r in self.reservations])
 
     def _quota_room(self, c: _Candidate) -> float | None:
         """Units the job may still take, or None (and a recorded reason) when blocked."""
@@ -623,8 +658,16 @@ class _Cycle:
                 owner = guarantees.get(team)
                 return owner.guaranteed if owner is not None else 0.0
 
+            limit = config.reclaim_max_run_s
+            protected = -math.inf if limit is None else self.now - limit
+
             def eligible(holder: Holder, held: float) -> bool:
-                if reclaim and holder.team != job.team and held > guaranteed(holder.team) + _EPS:
+                if (
+                    reclaim
+                    and holder.team != job.team
+                    and held > guaranteed(holder.team) + _EPS
+                    and holder.run.started_at >= protected
+                ):
                     return True
                 return by_priority and holder.rank < c.rank
 
@@ -747,19 +790,62 @@ class _Cycle:
         # Jobs alike in what explains them share one reason and estimate (a long queue has
         # many: same team, same request, same verdict).
         alike: dict[tuple[object, ...], tuple[Reason, float | None]] = {}
+        same_numbers: dict[int, tuple[Numbers, PendingCode, str, int, object, str, _Known]]
+        same_numbers = {}
         etas = self._etas
         for position, entry in enumerate([*self.left, *parked], start=1):
             c = entry.candidate
             if not explain:
                 reason, eta = _bare_reason(entry.code), entry.eta
-            elif c is None or entry.eta_known or c.job.request.multi_node:
-                reason, eta = self._explain(entry, estimator)
-            else:
-                user = c.job.user if entry.code is PendingCode.MEMBER_LIMIT else ""
-                key = (entry.code, c.job.team, user, c.pools, c.minimum, *entry.numbers.values())
+            elif c is None and not entry.eta_known:
+                # Parked jobs: the reason is all there is, alike for alike numbers (and for
+                # NO_MATCHING_SLICES the same request).
+                what = _request_text(entry.job) if entry.code is NO_MATCHING else ""
+                key: tuple[object, ...] = (entry.code, what, *entry.numbers.values())
                 known = alike.get(key)
                 if known is None:
                     known = alike[key] = self._explain(entry, estimator)
+                reason, eta = known
+            elif c is None or entry.eta_known or c.job.request.multi_node:
+                reason, eta = self._explain(entry, estimator)
+            else:
+                # Jobs that took a shared verdict share its numbers object (shared only among
+                # jobs of one team, request and verdict): one look-up by identity (checked)
+                # instead of building the full key for each.
+                numbers = entry.numbers
+                code = entry.code
+                job = c.job
+                seen = same_numbers.get(id(numbers))
+                if (
+                    seen is not None
+                    and seen[0] is numbers
+                    and seen[1] is code
+                    and seen[2] == job.team
+                    and seen[3] == c.minimum
+                    and seen[4] == c.pools
+                    and (code is not MEMBER or seen[5] == job.user)
+                ):
+                    reason, eta = seen[6]
+                    etas[entry.job.id] = eta
+                    pending.append(Pending(entry.job.id, reason, position, eta))
+                    continue
+                user = c.job.user if code is PendingCode.MEMBER_LIMIT else ""
+                team = c.job.team
+                if code is PendingCode.NO_FIT and not any(p[0] is MPS for p in c.pools):
+                    team = ""  # what is free, and when, is the same for every team
+                key = (code, team, user, c.pools, c.minimum, *numbers.values())
+                known = alike.get(key)
+                if known is None:
+                    known = alike[key] = self._explain(entry, estimator)
+                same_numbers[id(numbers)] = (
+                    numbers,
+                    code,
+                    job.team,
+                    c.minimum,
+                    c.pools,
+                    job.user,
+                    known,
+                )
                 reason, eta = known
             etas[entry.job.id] = eta
             pending.append(Pending(entry.job.id, reason, position, eta))
@@ -844,23 +930,49 @@ class _Cycle:
         if found is not None:
             return found
         if not self._by_team_ends:
-            by_team = self._by_team_ends
-            held = [(run.job, units, end) for run, _, units, end in self.held]
-            for job, units, end in [*held, *self.placed_ends]:
-                release = (math.inf if end is None else end, units, job.user)
-                found_list = by_team.get(job.team)
-                if found_list is None:
-                    by_team[job.team] = [release]
+            self._group_releases()
+        releases = self._by_team_ends.get(team, [])
+        if user:
+            # Split the team's list by member in one sweep (it stays sorted), once per team.
+            members: dict[str, list[tuple[float, float, str]]] = {}
+            for item in releases:
+                mine = members.get(item[2])
+                if mine is None:
+                    members[item[2]] = [item]
                 else:
-                    found_list.append(release)
-        releases = sorted(
-            (end, units)
-            for end, units, owner in self._by_team_ends.get(team, [])
-            if not user or owner == user
-        )
-        found = ([end for end, _ in releases], list(itertools.accumulate(u for _, u in releases)))
-        self._release_cache[(team, user)] = found
+                    mine.append(item)
+            for name, mine in members.items():
+                self._release_cache[(team, name)] = _cumulative(mine)
+            found = self._release_cache.get((team, user))
+            if found is None:
+                found = self._release_cache[(team, user)] = ([], [])
+            return found
+        found = self._release_cache[(team, user)] = _cumulative(releases)
         return found
+
+    def _group_releases(self) -> None:
+        """Every holding's (end, units, user) per team, sorted by end once (a member's list
+        is the team's, filtered, so it stays sorted)."""
+        by_team = self._by_team_ends
+        inf = math.inf
+        for run, _, units, end in self.held:
+            job = run.job
+            release = (inf if end is None else end, units, job.user)
+            found = by_team.get(job.team)
+            if found is None:
+                by_team[job.team] = [release]
+            else:
+                found.append(release)
+        for job, units, end in self.placed_ends:
+            by_team.setdefault(job.team, []).append((inf if end is None else end, units, job.user))
+        by_end = itemgetter(0)  # (equal ends free together: their order does not matter)
+        for releases in by_team.values():
+            releases.sort(key=by_end)
+
+
+def _cumulative(releases: list[tuple[float, float, str]]) -> tuple[list[float], list[float]]:
+    """End times, and the units freed by each of them, of releases sorted by end."""
+    return [end for end, _, _ in releases], list(itertools.accumulate(u for _, u, _ in releases))
 
 
 class _Ordered:
@@ -873,8 +985,10 @@ class _Ordered:
 
     def __iter__(self) -> Iterator[_Candidate]:
         if self._queue is not None:
-            yield from self._queue
-            return
+            return iter(self._queue)
+        return self._fixed()
+
+    def _fixed(self) -> Iterator[_Candidate]:
         for c in self._group:
             self._yielded += 1
             yield c
@@ -897,6 +1011,9 @@ class _Ordered:
 # --- reasons ---------------------------------------------------------------------------------
 
 _BARE: dict[PendingCode, Reason] = {}
+NO_MATCHING = PendingCode.NO_MATCHING_SLICES
+MEMBER = PendingCode.MEMBER_LIMIT
+MPS = SliceKind.MPS
 
 
 def _bare_reason(code: PendingCode) -> Reason:

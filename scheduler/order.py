@@ -35,6 +35,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Generic, TypeVar
 
 from scheduler.model import Job, Team
@@ -168,10 +169,15 @@ class FairQueue(Generic[T]):
         self._fair = fair
         aging = aging_per_hour / 3600.0
         entries: list[tuple[AgeKey, str, str, float, T]] = []
-        for job, item in items:
-            key = age_key(job)
-            entries.append((key, job.team, job.user, aging * max(0.0, now - key[0]), item))
-        entries.sort(key=lambda e: e[0])
+        append = entries.append
+        for job, item in items:  # (age_key inlined: this runs once per pending job)
+            submitted = job.submitted_at
+            queued = job.queued_since
+            if queued is None:
+                queued = submitted
+            boost = aging * (now - queued) if now > queued else 0.0
+            append(((queued, submitted, job.id), job.team, job.user, boost, item))
+        entries.sort(key=itemgetter(0))
         teams: dict[str, _TeamQueue[T]] = {}
         for key, team_name, user_name, boost, item in entries:
             team = teams.get(team_name)
@@ -202,6 +208,8 @@ class FairQueue(Generic[T]):
         heap = self._heap
         teams = self._teams
         fair = self._fair
+        # The factor caches, read directly: a factor is recomputed only after a charge.
+        team_f, user_f = fair._team_f, fair._user_f
         heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
         while heap:
             team = teams[heappop(heap)[2]]
@@ -211,15 +219,21 @@ class FairQueue(Generic[T]):
             yield jobs.popleft()[2]
             # The caller has charged the job if it was placed: re-rank its user and team
             # (one heap operation each). Team mates' keys depend only on their own E.
+            name = team.name
             if jobs:
                 boost, key, _ = jobs[0]
-                factor = fair.user_factor(team.name, user.name)
+                factor = user_f.get((name, user.name))
+                if factor is None:
+                    factor = fair.user_factor(name, user.name)
                 heapreplace(users, (-(factor + boost), key, user.name))
             else:
                 heappop(users)
-            if users and team.name in self._teams:  # (keep_teams may have dropped it)
+            if users and name in self._teams:  # (keep_teams may have dropped it)
                 boost, key, _ = team.users[users[0][2]].jobs[0]
-                heappush(heap, (-(fair.team_factor(team.name) + boost), key, team.name))
+                factor = team_f.get(name)
+                if factor is None:
+                    factor = fair.team_factor(name)
+                heappush(heap, (-(factor + boost), key, name))
 
     def keep_teams(self, teams: set[str]) -> list[T]:
         """Drop every team but ``teams`` from the queue; the items dropped.

@@ -26,7 +26,7 @@ class Holder:
 
     run: RunningJob
     rank: int  # priority class rank (0 = lowest)
-    slices: list[Slice]
+    slices: Sequence[Slice]
     units: float
     team: str
     chosen: bool = False

@@ -7,6 +7,7 @@ defaults are the single source of the default values) and the env helpers.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +35,16 @@ def parse_model_weights(name: str, raw: str) -> dict[str, float]:
             )
         weights[model] = weight
     return weights
+
+
+def _optional_seconds(name: str, default: float | None) -> float | None:
+    """A number of seconds >= 0, or ``none`` for no bound; unset means ``default``."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw == "none":
+        return None
+    if not raw:
+        return default
+    return env_float(name, 0.0, minimum=0.0)
 
 
 def scheduler_knobs_from_env(*, usage_half_life_s: float) -> dict[str, Any]:
@@ -67,6 +78,9 @@ def scheduler_knobs_from_env(*, usage_half_life_s: float) -> dict[str, Any]:
         ),
         "max_reservations": env_int(
             "PORTAL_SCHED_MAX_RESERVATIONS", _DEFAULTS.max_reservations, minimum=0
+        ),
+        "reclaim_max_run_s": _optional_seconds(
+            "PORTAL_SCHED_RECLAIM_MAX_RUN_S", _DEFAULTS.reclaim_max_run_s
         ),
         "model_weights": parse_model_weights(
             "PORTAL_SCHED_MODEL_WEIGHTS", env_str("PORTAL_SCHED_MODEL_WEIGHTS", "")

@@ -106,3 +106,18 @@ def test_reclaimed_capacity_goes_to_the_reclaiming_team_not_back_to_the_borrower
     decisions = decide(snap)
     assert summary(decisions)[0] == ("assign", "a1", ("n0-g0", "n0-g1"))
     assert codes(decisions) == {"b_big": "RESERVED"}
+
+
+def test_reclaim_spares_jobs_that_have_run_longer_than_reclaim_max_run_s() -> None:
+    # now = 1000: b0 and b1 have run 1000 and 990 s, b2 and b3 980 and 970 s. With a limit of
+    # 975 s only b3 may be reclaimed: a2 needs 2 GPUs, so nothing is preempted for it, and a1
+    # (1 GPU) takes b3 alone.
+    for wanted, victims in ((2, []), (1, ["b3"])):
+        snap = snapshot([whole_node("n0")], [job("a1", count=wanted)], _team_b_fills_n0(), TEAMS)
+        decisions = decide(snap, reclaim_max_run_s=975.0)
+        assert [p.job_id for p in decisions.preempt] == victims
+
+
+def test_reclaim_max_run_s_rejects_a_negative_value() -> None:
+    with pytest.raises(ValueError, match="reclaim_max_run_s"):
+        decide(snapshot([whole_node("n0")]), reclaim_max_run_s=-1.0)
