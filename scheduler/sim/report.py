@@ -25,15 +25,20 @@ def write_jobs_csv(records: Iterable[JobRecord], out: TextIO) -> int:
                 (
                     record.job_id,
                     record.tenant,
-                    f"{record.gpus:g}",
-                    f"{record.submit_s:g}",
-                    f"{segment.start_s:g}",
-                    f"{segment.end_s:g}",
+                    _exact(record.gpus),
+                    _exact(record.submit_s),
+                    _exact(segment.start_s),
+                    _exact(segment.end_s),
                     int(segment.preempted),
                 )
             )
             rows += 1
     return rows
+
+
+def _exact(value: float) -> str:
+    """Whole numbers without a fraction, others with every digit (so figures recompute)."""
+    return str(int(value)) if value == int(value) else repr(value)
 
 
 def save_jobs_csv(records: Iterable[JobRecord], path: str | Path) -> int:

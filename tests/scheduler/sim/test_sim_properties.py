@@ -132,3 +132,20 @@ def test_a_team_under_its_guarantee_gets_capacity_within_one_tick_and_the_grace(
     started = next(r for r in result.records if r.job_id == "b-late").segments[0].start_s
     limit = max(arrives, FAIRSHARE.min_run_time_s) + FAIRSHARE.grace_period_s
     assert started <= limit
+
+
+def test_the_segments_csv_is_enough_to_recompute_the_figures(tmp_path: Path) -> None:
+    trace, quotas = two_team_toy(tmp_path)
+    args = ["--trace", str(trace), "--quotas", str(quotas), "--gpus", "12"]
+    report, rows = run_cli(tmp_path, "recompute", *args)
+    final = {r["job_id"]: r for r in rows if r["preempted"] == "0"}
+    assert any(r["preempted"] == "1" for r in rows)  # reclaim happened, work was lost
+    # wait = end - submit - duration, where the duration is the length of the final run.
+    waits = [
+        float(r["end_s"]) - float(r["submit_s"]) - (float(r["end_s"]) - float(r["start_s"]))
+        for r in final.values()
+    ]
+    work = sum(float(r["gpus"]) * (float(r["end_s"]) - float(r["start_s"])) for r in final.values())
+    span = max(float(r["end_s"]) for r in rows) - min(float(r["submit_s"]) for r in rows)
+    assert round(sum(waits) / len(waits), 1) == report["mean_wait_s"]
+    assert round(work / (12 * span), 4) == report["utilisation"]

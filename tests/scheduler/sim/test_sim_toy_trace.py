@@ -121,5 +121,5 @@ def test_mig_jobs_run_on_mig_nodes_and_count_their_units(tmp_path: Path) -> None
     with open(out, newline="") as handle:
         rows = {r["job_id"]: r for r in csv.DictReader(handle)}
     # Two 1g instances are 2/7 of a GPU, one 3g instance 3/7; all start on arrival.
-    assert [rows[j]["gpus"] for j in ("w1", "m1", "m2")] == ["8", "0.285714", "0.428571"]
+    assert [rows[j]["gpus"] for j in ("w1", "m1", "m2")] == ["8", repr(2 / 7), repr(3 / 7)]
     assert [rows[j]["start_s"] for j in ("w1", "m1", "m2")] == ["0", "0", "10"]
