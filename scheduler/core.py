@@ -512,8 +512,11 @@ class _Cycle:
                 multi_node=job.request.multi_node,
             )
             self.reservations.append(reservation)
-            at: float | str = "unknown" if reservation.at is None else reservation.at
-            entry = self._wait(c, PendingCode.RESERVED, {"at": at})
+            numbers: dict[str, float | str] = {"at": "unknown"}
+            if reservation.at is not None:
+                # "at" on the caller's clock; "in_s" so a person reads "in about 20 min".
+                numbers = {"at": reservation.at, "in_s": max(0.0, reservation.at - self.now)}
+            entry = self._wait(c, PendingCode.RESERVED, numbers)
             entry.eta, entry.eta_known = reservation.at, True
             self.version += 1
             self.check_settled()
@@ -1029,6 +1032,19 @@ def _fmt(value: float | str) -> str:
     return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.1f}"
 
 
+def _duration(seconds: float | str) -> str:
+    """A span for people: 40 s, 12 min, 3.5 h, 2.1 days."""
+    if isinstance(seconds, str):
+        return seconds
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
 def _reason(entry: _Left) -> Reason:
     n = entry.numbers
     code = entry.code
@@ -1057,8 +1073,8 @@ def _reason(entry: _Left) -> Reason:
     elif code is PendingCode.PRIORITY_NOT_ALLOWED:
         text = f"class {n['priority']!r} is above the team's highest allowed class {n['max_priority']!r}"
     elif code is PendingCode.RESERVED:
-        at = n["at"]
-        when = "when running jobs end" if at == "unknown" else f"at t={_fmt(at)}"
+        in_s = n.get("in_s")
+        when = "when running jobs end" if in_s is None else f"in about {_duration(in_s)}"
         text = f"holds the reservation: starts {when}"
     elif code is PendingCode.WAITING_FOR_RESERVATION:
         if "reserved_for" in n:

@@ -44,7 +44,9 @@ def test_backfill_lets_a_job_run_ahead_only_if_it_ends_before_the_reservation(
         ("pending", "long", "NO_FIT", 2),
     ]
     assert decisions.pending[0].eta == 2000.0
-    assert decisions.pending[0].reason.message == "holds the reservation: starts at t=2000.0"
+    # The message is for people: relative to now (decide() uses now=1000), not an epoch.
+    assert decisions.pending[0].reason.message == "holds the reservation: starts in about 17 min"
+    assert decisions.pending[0].reason.numbers["at"] == 2000.0
 
 
 def test_a_job_that_would_delay_the_reservation_waits_for_it() -> None:
