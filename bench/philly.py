@@ -69,7 +69,13 @@ def run(
         private = run_private(scenario, core)
         for policy in policies:
             report, _ = simulate(scenario, policy, schedule=core, private=private)
-            print(f"  {policy} on {gpus} GPUs: {report['wall_s']:.1f} s wall", file=out, flush=True)
+            print(
+                f"  {policy} on {gpus} GPUs: mean wait {report['mean_wait_s']:.0f} s, "
+                f"utilisation {report['utilisation_vs_bound']:.2%} of bound, "
+                f"jain {report['jain_waiting']:.3f}, {report['wall_s']:.1f} s wall",
+                file=out,
+                flush=True,
+            )
             results.append(report)
     print(render_table(results), file=out)
     print(render_targets(check_targets(results)), file=out, flush=True)
