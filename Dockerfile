@@ -25,11 +25,16 @@ COPY manage.py ./
 COPY templates ./templates
 COPY static ./static
 
-# Static files are collected into the image; WhiteNoise serves them from gunicorn.
+# Static files are collected into the image; WhiteNoise serves them from gunicorn. The build
+# runs as "embedded", which makes a key in /app/var: it must not ship in the image.
 RUN python manage.py collectstatic --noinput \
+    && rm -f /app/var/secret_key \
     && useradd --create-home --uid 1000 --shell /usr/sbin/nologin portal \
     && mkdir -p /app/var \
     && chown -R portal:portal /app/var
+
+# Any container of this image is a deployment: it refuses to start without PORTAL_SECRET_KEY.
+ENV PORTAL_DEPLOYMENT=production
 
 USER portal
 EXPOSE 8000

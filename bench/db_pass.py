@@ -103,8 +103,8 @@ def _populate(now: datetime) -> dict[str, int]:
 
     from bench.core_pass import NOW, build_snapshot
     from portal.accounting.models import UsageBalance
-    from portal.cluster.models import Allocation, Gpu, Node, Slice
-    from portal.jobs.models import Job, JobDependency, JobState
+    from portal.cluster.models import Gpu, Node, Slice
+    from portal.jobs.models import Allocation, Job, JobDependency, JobState
     from portal.tenants.models import Team
 
     snapshot = build_snapshot()
@@ -309,7 +309,7 @@ def _p95(values: list[float]) -> float:
 
 
 def _time_dispatch(dispatch: Any, assigned: list[int], preempted: list[int]) -> float:
-    from portal.cluster.testing import capture_sent_messages
+    from portal.agents.testing import capture_sent_messages
 
     with capture_sent_messages():
         began = time.perf_counter()
@@ -320,8 +320,7 @@ def _time_dispatch(dispatch: Any, assigned: list[int], preempted: list[int]) -> 
 def _marks() -> dict[str, Any]:
     from django.db.models import Max
 
-    from portal.cluster.models import Allocation
-    from portal.jobs.models import Job, JobEvent, JobState
+    from portal.jobs.models import Allocation, Job, JobEvent, JobState
 
     return {
         "event": JobEvent.objects.aggregate(m=Max("id"))["m"] or 0,
@@ -337,8 +336,8 @@ def _undo(marks: dict[str, Any]) -> None:
     """Put back the rows the pass changed, so the next repeat does the same work."""
     from django.db import transaction
 
-    from portal.cluster.models import Allocation, Dispatch
-    from portal.jobs.models import Job, JobEvent, JobState
+    from portal.agents.models import Dispatch
+    from portal.jobs.models import Allocation, Job, JobEvent, JobState
 
     with transaction.atomic():
         Allocation.objects.filter(id__gt=marks["allocation"]).delete()

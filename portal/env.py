@@ -127,3 +127,91 @@ def broker_from_env(*, embedded_socket: Path) -> str:
                 )
             return url
     return f"redis+socket://{embedded_socket}"
+
+
+_RATE_UNITS = {"s": 1, "sec": 1, "second": 1, "min": 60, "minute": 60, "h": 3600, "hour": 3600}
+_RATE_UNITS |= {"d": 86400, "day": 86400, "m": 60}
+
+
+def env_rate(name: str, default: str) -> tuple[int, float] | None:
+    """A request rate such as ``120/min`` as (requests, window seconds); ``off`` is None."""
+    raw = os.environ.get(name)
+    text = (default if raw is None or raw.strip() == "" else raw).strip().lower()
+    if text in {"off", "none", "0"}:
+        return None
+    count, _, unit = text.partition("/")
+    unit = unit.strip()
+    unit = unit[:-1] if unit.endswith("s") and unit[:-1] in _RATE_UNITS else unit
+    if not count.strip().isdigit() or int(count) < 1 or unit not in _RATE_UNITS:
+        raise ConfigError(
+            f"{name}={raw!r}: expected requests per period such as 120/min "
+            "(periods: s, min, hour, day), or off"
+        )
+    return int(count), float(_RATE_UNITS[unit])
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return value
+
+
+def env_origins(name: str) -> list[str]:
+    """Origins such as ``https://gpu.example.org`` (Django refuses them without a scheme)."""
+    origins = env_list(name, [])
+    for origin in origins:
+        if not origin.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{name}: {origin!r} has no scheme; expected origins such as https://gpu.example.org"
+            )
+    return origins
+
+
+# Django's own deploy check calls a shorter key weak.
+SECRET_KEY_MIN_CHARS = 50
+
+
+def secret_key_from_env(*, production: bool, var_dir: Path) -> str:
+    """PORTAL_SECRET_KEY; in production it is required, embedded it defaults to a random key
+    made once and kept in the var dir (never a fixed string anyone could read in the code)."""
+    key = os.environ.get("PORTAL_SECRET_KEY", "").strip()
+    hint = 'python -c "import secrets; print(secrets.token_urlsafe(50))"'
+    if key:
+        if production and (len(key) < SECRET_KEY_MIN_CHARS or len(set(key)) < 5):
+            raise ConfigError(
+                f"PORTAL_SECRET_KEY: too short or too plain for production; expected at least "
+                f"{SECRET_KEY_MIN_CHARS} random characters, e.g. from {hint}"
+            )
+        return key
+    if production:
+        raise ConfigError(
+            "PORTAL_SECRET_KEY is not set; production (PORTAL_DEPLOYMENT=production) needs "
+            f"a long random key, e.g. from {hint}"
+        )
+    return _embedded_secret_key(var_dir / "secret_key")
+
+
+def _embedded_secret_key(path: Path) -> str:
+    import secrets
+
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside and linked into place: several processes may start at once, and none may
+    # read a half-written key or replace another's.
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    draft.write_text(secrets.token_urlsafe(50) + "\n")
+    draft.chmod(0o600)
+    try:
+        os.link(draft, path)
+    except FileExistsError:
+        pass
+    finally:
+        draft.unlink(missing_ok=True)
+    return path.read_text().strip()

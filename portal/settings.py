@@ -15,10 +15,14 @@ from portal.env import (
     broker_from_env,
     database_from_url,
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
+    env_origins,
+    env_rate,
     env_str,
+    secret_key_from_env,
     sqlite_database,
 )
 
@@ -27,14 +31,16 @@ VAR_DIR = Path(env_str("PORTAL_VAR_DIR", str(BASE_DIR / ".var"))).resolve()
 
 try:
     DEBUG = env_bool("PORTAL_DEBUG", False)
-    SECRET_KEY = env_str("PORTAL_SECRET_KEY", "")
-    if not SECRET_KEY:
-        # The embedded default is for one machine; production must set its own key.
-        SECRET_KEY = "embedded-default-not-for-production-" + str(BASE_DIR)
+    # "embedded": one machine (`make run`, the tests); "production": docker-compose.yml, the
+    # image, any real deployment. Production refuses to start without PORTAL_SECRET_KEY and
+    # turns the HTTPS settings below on by default.
+    DEPLOYMENT = env_choice("PORTAL_DEPLOYMENT", "embedded", ("embedded", "production"))
+    PRODUCTION = DEPLOYMENT == "production"
+    SECRET_KEY = secret_key_from_env(production=PRODUCTION, var_dir=VAR_DIR)
     ALLOWED_HOSTS = env_list(
         "PORTAL_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"]
     )
-    CSRF_TRUSTED_ORIGINS = env_list("PORTAL_CSRF_TRUSTED_ORIGINS", [])
+    CSRF_TRUSTED_ORIGINS = env_origins("PORTAL_CSRF_TRUSTED_ORIGINS")
 
     _database_url = env_str("DATABASE_URL", "").strip()
     DATABASES = {
@@ -56,8 +62,15 @@ try:
 
     # Scheduling loop.
     SCHEDULE_INTERVAL_S = env_float("PORTAL_SCHEDULE_INTERVAL_S", 2.0, minimum=0.1)
-    # An agent that has not sent a heartbeat for this long is lost; its jobs are requeued.
-    AGENT_LEASE_S = env_float("PORTAL_AGENT_LEASE_S", 30.0, minimum=1.0)
+    # A node's lease: an agent none of whose heartbeats was accepted for this long is lost and
+    # its jobs are requeued. Its agent fenced them (stopped them itself) at
+    # PORTAL_AGENT_FENCE_FRACTION of it, so the requeue never overlaps them (docs/agent.md).
+    AGENT_LEASE_S = env_float("PORTAL_AGENT_LEASE_S", 12.0, minimum=1.0)
+    # Node keys are derived from this secret (portal.agents.keys); changing it voids them all.
+    NODE_KEY_SECRET = env_str("PORTAL_NODE_KEY_SECRET", "") or SECRET_KEY
+    # Signed messages further than this from the receiver's clock are refused (and replays
+    # are recognised within twice this window).
+    MESSAGE_MAX_SKEW_S = env_float("PORTAL_MESSAGE_MAX_SKEW_S", 300.0, minimum=5.0)
     # How often a job that was lost or preempted is requeued before it is failed.
     JOB_MAX_RETRIES = env_int("PORTAL_JOB_MAX_RETRIES", 3, minimum=0)
     # Largest request one job may make, in slices (protects the queue from typos like 800).
@@ -71,6 +84,44 @@ except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None
 
+# The front door: HTTPS, logins, API limits (README's configuration table lists each one).
+try:
+    # HTTPS. Production assumes TLS in front of gunicorn (a proxy or load balancer), so it
+    # redirects plain HTTP, pins HTTPS with HSTS and keeps cookies off plain HTTP.
+    SECURE_HSTS_SECONDS = env_int("PORTAL_HSTS_SECONDS", 31_536_000 if PRODUCTION else 0, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("PORTAL_HSTS_INCLUDE_SUBDOMAINS", PRODUCTION)
+    SECURE_HSTS_PRELOAD = env_bool("PORTAL_HSTS_PRELOAD", PRODUCTION)
+    SECURE_SSL_REDIRECT = env_bool("PORTAL_SSL_REDIRECT", PRODUCTION)
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("PORTAL_SECURE_COOKIES", PRODUCTION)
+    # Trust X-Forwarded-Proto only when a proxy that sets it stands in front: a client
+    # reaching gunicorn directly could claim HTTPS.
+    if env_bool("PORTAL_SECURE_PROXY_SSL_HEADER", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+    # Logins: this many failures for one username (or from one address) within the lockout
+    # time lock further attempts for the lockout time.
+    LOGIN_MAX_FAILURES = env_int("PORTAL_LOGIN_MAX_FAILURES", 5, minimum=1)
+    LOGIN_MAX_FAILURES_PER_ADDRESS = env_int("PORTAL_LOGIN_MAX_FAILURES_PER_IP", 50, minimum=1)
+    LOGIN_LOCKOUT_S = env_float("PORTAL_LOGIN_LOCKOUT_S", 300.0, minimum=1.0)
+
+    # API limits: requests per user and per token (429 with Retry-After), the largest body,
+    # the deepest JSON, the largest page.
+    API_THROTTLE_USER = env_rate("PORTAL_API_THROTTLE_USER", "600/min")
+    API_THROTTLE_TOKEN = env_rate("PORTAL_API_THROTTLE_TOKEN", "300/min")
+    API_MAX_BODY_BYTES = env_int("PORTAL_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+    API_MAX_JSON_DEPTH = 16
+    API_MAX_LIMIT = 500
+    # Forms on the pages get the same ceiling.
+    DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+
+    LOG_LEVEL = env_choice(
+        "PORTAL_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")
+    ).upper()
+    LOG_FORMAT = env_str("PORTAL_LOG_FORMAT", "%(asctime)s %(levelname)s %(name)s: %(message)s")
+except ConfigError as error:
+    sys.stderr.write(f"portal: configuration error: {error}\n")
+    raise SystemExit(2) from None
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -81,19 +132,21 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "portal.tenants",
     "portal.cluster",
     "portal.jobs",
     "portal.accounting",
     "portal.scheduling",
+    "portal.agents",
     "portal.api",
     "portal.web",
     "portal.ops",
 ]
 
 MIDDLEWARE = [
+    # First, so every answer under /api/ is JSON, even one a later middleware produced.
+    "portal.api.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -141,18 +194,26 @@ STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 WHITENOISE_USE_FINDERS = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Failed logins are counted per username and per client address, and lock further
+# attempts for a while (portal/tenants/logins.py).
+AUTHENTICATION_BACKENDS = ["portal.tenants.logins.ThrottledModelBackend"]
+
 LOGIN_URL = "web:login"
 LOGIN_REDIRECT_URL = "web:job_list"
 LOGOUT_REDIRECT_URL = "web:login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "portal.api.auth.PortalTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.api.guards.PortalPagination",
+    "DEFAULT_THROTTLE_CLASSES": [
+        "portal.api.throttles.UserThrottle",
+        "portal.api.throttles.TokenThrottle",
+    ],
     "PAGE_SIZE": 50,
 }
 
@@ -176,23 +237,25 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 2, "interval_start": 0, "inte
 
 # Scheduling policy and recovery timers (docs/scheduling-shell.md describes each one).
 try:
-    from portal.scheduling.config import scheduler_knobs_from_env
+    from portal.policy import scheduler_knobs_from_env
 
     # The core's SchedulerConfig knobs (PORTAL_SCHED_*), validated here so a bad value stops
     # the process at start.
     SCHEDULER = scheduler_knobs_from_env(usage_half_life_s=USAGE_HALF_LIFE_S)
     # How often the reaper looks for lost agents and lost messages.
-    REAP_INTERVAL_S = env_float("PORTAL_REAP_INTERVAL_S", 5.0, minimum=0.5)
+    REAP_INTERVAL_S = env_float("PORTAL_REAP_INTERVAL_S", 2.0, minimum=0.5)
     # A job ASSIGNED this long without a `started` gets its launch message again (agents
     # ignore a repeat), and a stop not answered this long is sent again.
-    LAUNCH_RESEND_S = env_float("PORTAL_LAUNCH_RESEND_S", 30.0, minimum=1.0)
-    STOP_RESEND_S = env_float("PORTAL_STOP_RESEND_S", 30.0, minimum=1.0)
-    # A job ASSIGNED this long that never started (the image pull hangs, the agent cannot
-    # launch it) is treated as lost and requeued.
-    LAUNCH_TIMEOUT_S = env_float("PORTAL_LAUNCH_TIMEOUT_S", 900.0, minimum=1.0)
-    # A RUNNING job missing from its agent's heartbeat for longer than this after its start
-    # is lost (the agent restarted without it); the margin covers reports processed out of order.
+    LAUNCH_RESEND_S = env_float("PORTAL_LAUNCH_RESEND_S", 10.0, minimum=1.0)
+    STOP_RESEND_S = env_float("PORTAL_STOP_RESEND_S", 10.0, minimum=1.0)
+    # A job ASSIGNED this long that never started gets its node asked about it (a `query`);
+    # the node's answer that it has no record of it requeues it.
+    LAUNCH_TIMEOUT_S = env_float("PORTAL_LAUNCH_TIMEOUT_S", 300.0, minimum=1.0)
+    # A held attempt its node's heartbeat does not mention, assigned longer ago than this
+    # before the heartbeat was sent (its launch may still be on its way), gets a `query`,
+    # repeated at most every PORTAL_QUERY_RESEND_S. Never a loss by itself.
     RECONCILE_GRACE_S = env_float("PORTAL_RECONCILE_GRACE_S", 10.0, minimum=0.0)
+    QUERY_RESEND_S = env_float("PORTAL_QUERY_RESEND_S", 10.0, minimum=0.5)
     # A pass asked for by a trigger is skipped when another pass took its snapshot after
     # the request; one that finds the lock held retries after this long.
     SCHEDULE_RETRY_S = env_float("PORTAL_SCHEDULE_RETRY_S", 0.25, minimum=0.01)
@@ -214,12 +277,23 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
+# Everything to stderr in one format: the portal's loggers, Django's (django.request logs
+# every 500 with its traceback; django.server is runserver's access log) and Celery's. Celery's
+# level is left to its --loglevel (runportal keeps it at WARNING unless -v 2).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": LOG_FORMAT}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "stream": "ext://sys.stderr",
+        }
+    },
     "loggers": {
-        "portal": {"handlers": ["console"], "level": env_str("PORTAL_LOG_LEVEL", "INFO")},
+        "portal": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "django": {"handlers": ["console"], "level": LOG_LEVEL, "propagate": False},
+        "celery": {"handlers": ["console"], "propagate": False},
     },
 }

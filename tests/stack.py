@@ -35,8 +35,10 @@ from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from django.conf import settings
 from django.db import connection
 
+from portal.agents.keys import node_key_text
 from portal.ops import processes
 from portal.ops.supervisor import ChildExited, Supervisor
 
@@ -82,7 +84,10 @@ class PortalStack:
         self.run_id = uuid.uuid4().hex[:8]
         self.node = f"e2e-{self.run_id}"
         self.tmp_path = Path(tmp_path)
-        self.var_dir = self.tmp_path / "var"
+        # Not under pytest's tmp_path (mode 0700 on the way): jobs run as other users and
+        # must be able to pass through to their own directories (the launcher opens just
+        # that path). Removed when the stack stops.
+        self.var_dir = Path(tempfile.mkdtemp(prefix=f"portal-stack-{self.run_id}-"))
         self.web = web
         self.schedule_interval_s = schedule_interval_s
         self.agent_env = dict(agent_env or {})
@@ -121,6 +126,9 @@ class PortalStack:
             extra={
                 "DATABASE_URL": database_url_for_children(),
                 "PORTAL_SCHEDULE_INTERVAL_S": str(self.schedule_interval_s),
+                # The test process makes node keys; the children must derive the same ones.
+                "PORTAL_SECRET_KEY": settings.SECRET_KEY,
+                "PORTAL_NODE_KEY_SECRET": settings.NODE_KEY_SECRET,
             },
         )
         self._restore_celery = _point_celery_at(self.broker_url)
@@ -137,6 +145,7 @@ class PortalStack:
                 workdir=self.var_dir / "agent",
                 broker_url=self.broker_url,
                 env={**env, **self.agent_env},
+                key=node_key_text(name=self.node),
             )
         )
         if self.web:
@@ -223,6 +232,7 @@ class PortalStack:
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
+        shutil.rmtree(self.var_dir, ignore_errors=True)
 
 
 def _purge_queue(redis_url: str, queue: str) -> None:

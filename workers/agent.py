@@ -1,57 +1,89 @@
-"""The GPU host agent: a Celery worker on its node's queue, plus a heartbeat thread.
+"""The GPU host agent: a Celery worker on its node's queue, plus heartbeat and lease threads.
 
     python -m workers          # or: python -m workers.agent
 
-1. Read and validate the settings (a bad variable: one line naming it, exit code 2).
+1. Read and validate the settings (a bad variable: one line naming it, exit code 2), take
+   the work directory's lock (a second agent on it exits with code 2).
 2. Discover the inventory (NVML, else described) and prepare the MPS directories/daemons.
-3. Register: send a first `heartbeat`, then one every PORTAL_AGENT_HEARTBEAT_S seconds.
-4. Consume only `node.<name>`: `agent.launch` and `agent.stop`, one message dict each.
-   Tasks ack late, prefetch one, run on a thread pool, and return at once: supervision of
-   an attempt lives on its own thread (workers.supervisor).
-5. On SIGTERM/SIGINT Celery shuts down warm; then the agent stops its jobs (reported as
+3. Recover: reports still in the outbox are sent again; attempts the journal says were running
+   are adopted again (containers) or reported `lost` (processes die with their agent). With
+   the docker launcher the container watchdog (workers.watchdog) is made sure of first: it
+   kills the node's containers once the lease lapses, even while the agent is frozen or dead.
+4. Heartbeats every PORTAL_AGENT_HEARTBEAT_S; the portal acknowledges each one it accepts
+   (`ack`), and each acknowledgement renews the lease: the agent may run jobs until the
+   acknowledged heartbeat's send time + PORTAL_AGENT_FENCE_FRACTION x the portal's lease. It
+   launches nothing before its first acknowledged heartbeat, and when the lease lapses it stops
+   every job itself (`fenced`) — before the portal, which waits the full lease, requeues them.
+   The lease is also written to `<workdir>/lease.json`, which each job's own watcher reads,
+   so the jobs stop in time even when the agent process is frozen.
+5. Consume only `node.<name>`: `agent.launch`, `agent.stop`, `agent.query` and `agent.ack`,
+   one signed envelope each (workers.signing). Tasks ack late, prefetch one, run on a thread
+   pool, and return at once: supervision of an attempt lives on its own thread.
+6. On SIGTERM/SIGINT Celery shuts down warm; then the agent stops its jobs (reported as
    preempted, so the portal requeues them), stops its MPS daemons and exits.
 
-Reports go to the control plane with
-`app.send_task("portal.agent_report", args=[message.to_dict()], queue="control")`;
-the agent never imports the portal.
+Reports (`started`, `log`, `finished`) are written to the outbox before they are sent and
+re-sent every PORTAL_AGENT_RESEND_S until acknowledged. The agent never imports the portal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import sys
 import threading
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 from celery import Celery  # type: ignore[import-untyped]
 from celery.signals import worker_shutting_down  # type: ignore[import-untyped]
 from kombu.entity import Queue
 
 from workers.inventory import InventoryError, discover, open_nvml
-from workers.launchers import Launcher
-from workers.launchers.process import ProcessLauncher
+from workers.launchers import Launcher, Run
+from workers.launchers.process import process_launcher
+from workers.lease import Lease, lease_path, write_lease
 from workers.metrics import NvmlSampler
 from workers.mps import prepare_mps
+from workers.outbox import AttemptJournal, Outbox, report_id
 from workers.protocol import (
     CONTROL_QUEUE,
+    TASK_ACK,
     TASK_AGENT_REPORT,
     TASK_LAUNCH,
+    TASK_QUERY,
     TASK_STOP,
+    TO_AGENT_TYPES,
+    Ack,
     Heartbeat,
     Inventory,
     Launch,
     Message,
     Metrics,
-    ProtocolError,
+    Query,
+    Report,
     Stop,
     node_queue,
-    parse,
 )
 from workers.settings import AgentSettings, SettingsError
-from workers.supervisor import Send, Supervisor
+from workers.signing import (
+    DEFAULT_MAX_SKEW_S,
+    ReplayGuard,
+    SignatureError,
+    check_fresh,
+    message_of,
+    open_envelope,
+    seal,
+    verify_signature,
+)
+from workers.supervisor import Supervisor
 
 log = logging.getLogger("workers.agent")
 
@@ -60,17 +92,92 @@ try:
 except metadata.PackageNotFoundError:  # running from a source tree that is not installed
     AGENT_VERSION = "0.0.0+source"
 
+Send = Callable[[Message], None]
+# A heartbeat lists at most this many unacknowledged `finished` reports (the rest follow).
+HEARTBEAT_FINISHED_MAX = 500
+# Reports re-sent per resend round at most (the rest wait for the next round).
+RESEND_BATCH = 2_000
+# Ended attempts stay in the journal this long (longer than any message may live).
+JOURNAL_KEEP_S = 4 * DEFAULT_MAX_SKEW_S
+
 
 class CelerySender:
-    """Sends a report to the control plane's `portal.agent_report` task."""
+    """Signs a message with the node's key and sends it to the control plane's
+    `portal.agent_report` task; raises when the broker cannot take it."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, *, node: str, key: bytes) -> None:
         self._app = app
-        self._lock = threading.Lock()  # supervision and heartbeat threads share the producer
+        self._node = node
+        self._key = key
+        self._lock = threading.Lock()  # supervision, heartbeat and resend threads share it
 
     def __call__(self, message: Message) -> None:
+        envelope = seal(message, node=self._node, key=self._key, now=time.time())
         with self._lock:
-            self._app.send_task(TASK_AGENT_REPORT, args=[message.to_dict()], queue=CONTROL_QUEUE)
+            self._app.send_task(
+                TASK_AGENT_REPORT, args=[envelope], queue=CONTROL_QUEUE, retry=False
+            )
+
+
+class LeaseKeeper:
+    """The agent's lease as the portal's acknowledgements grant it.
+
+    Renewed only by an `ack` of one of this run's heartbeats: valid until that heartbeat's
+    send time (the agent's clock) + fraction x the portal's lease. Since the portal receives
+    the heartbeat after it was sent and waits the full lease before it requeues, the agent's
+    deadline always comes first.
+    """
+
+    def __init__(
+        self, *, boot: str, fraction: float, path: Path | None, clock: Callable[[], float]
+    ) -> None:
+        self.boot = boot
+        self.fraction = fraction
+        self.path = path
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._sent: OrderedDict[int, float] = OrderedDict()
+        self.valid_until = 0.0
+        self.lease_s: float | None = None
+        self.fenced_at: float | None = None
+
+    def sent(self, seq: int, at: float) -> None:
+        with self._lock:
+            self._sent[seq] = at
+            while len(self._sent) > 1_000:
+                self._sent.popitem(last=False)
+
+    def acknowledged(self, *, boot: str, seq: int, lease_s: float) -> bool:
+        """Renew from the ack of heartbeat `seq`; False when it is not one of ours."""
+        with self._lock:
+            sent_at = self._sent.get(seq)
+            if boot != self.boot or sent_at is None:
+                return False
+            until = sent_at + self.fraction * lease_s
+            self.lease_s = lease_s
+            if until <= self.valid_until:
+                return True
+            self.valid_until = until
+            if self.fenced_at is not None and until > self._clock():
+                log.info("lease regained: launches accepted again")
+                self.fenced_at = None
+            if self.path is not None:
+                # Under the lock, so a slower writer never puts back an older deadline.
+                write_lease(self.path, Lease(valid_until=until, boot=self.boot))
+        return True
+
+    def held(self) -> bool:
+        return self._clock() < self.valid_until
+
+    def lapsed_now(self) -> bool:
+        """True once, when a held lease has just run out (time to fence)."""
+        with self._lock:
+            if self.valid_until == 0.0 or self.fenced_at is not None:
+                return False
+            if self._clock() < self.valid_until:
+                return False
+            self.fenced_at = self._clock()
+            return True
 
 
 class Agent:
@@ -81,72 +188,188 @@ class Agent:
         inventory: Inventory,
         launcher: Launcher,
         send: Send,
+        workdir: Path,
+        key: bytes,
         kill_grace_s: float = 10.0,
+        fence_fraction: float = 0.5,
+        fence_grace_s: float = 2.0,
+        resend_s: float = 5.0,
+        max_skew_s: float = DEFAULT_MAX_SKEW_S,
+        outbox_log_bytes: int = 64 * 1024 * 1024,
         sampler: NvmlSampler | None = None,
         clock: Callable[[], float] = time.time,
+        boot: str | None = None,
+        previous_boot: str = "",
+        write_lease_file: bool = True,
     ) -> None:
         self.node = node
         self.inventory = inventory
+        self.workdir = workdir
         self._send = send
+        self._key = key
         self._clock = clock
         self._sampler = sampler
-        self.supervisor = Supervisor(
-            node=node, launcher=launcher, send=send, kill_grace_s=kill_grace_s, clock=clock
+        self._max_skew_s = max_skew_s
+        self._replays = ReplayGuard(window_s=2 * max_skew_s)
+        self.resend_s = resend_s
+        self.fence_grace_s = fence_grace_s
+        self.boot = boot or uuid.uuid4().hex
+        self.previous_boot = previous_boot
+        self.outbox = Outbox(workdir / "outbox", max_log_bytes=outbox_log_bytes)
+        self.journal = AttemptJournal(workdir / "attempts")
+        self.lease = LeaseKeeper(
+            boot=self.boot,
+            fraction=fence_fraction,
+            path=lease_path(workdir) if write_lease_file else None,
+            clock=clock,
         )
+        self.supervisor = Supervisor(
+            node=node,
+            launcher=launcher,
+            report=self.report,
+            journal=self.journal,
+            kill_grace_s=kill_grace_s,
+            clock=clock,
+            may_launch=self.lease.held,
+        )
+        self._heartbeat_seq = 0
+        self._last_sent: dict[tuple[str, int, int, int], float] = {}
+        self._send_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._heartbeat_thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self.refused: list[str] = []  # why incoming messages were refused (also logged)
 
-    # --- task handlers ----------------------------------------------------------------------
+    # --- incoming (the agent's Celery tasks) ------------------------------------------------
 
-    def handle_launch(self, payload: Mapping[str, Any]) -> None:
-        message = self._receive(payload, Launch)
-        if message is not None:
+    def handle(self, payload: Any) -> None:
+        """Verify and dispatch one signed envelope from the portal. A message that fails is
+        refused and logged with the reason; retrying could not make it valid."""
+        message = self._verified(payload)
+        if isinstance(message, Launch):
             self.supervisor.launch(message)
-
-    def handle_stop(self, payload: Mapping[str, Any]) -> None:
-        message = self._receive(payload, Stop)
-        if message is not None:
+        elif isinstance(message, Stop):
             self.supervisor.stop(message)
+        elif isinstance(message, Query):
+            self.supervisor.query(message)
+        elif isinstance(message, Ack):
+            self.handle_ack(message)
 
-    def _receive(self, payload: Mapping[str, Any], expected: type) -> Any:
-        # A malformed message can never succeed: log it and drop it rather than retry it.
+    def _verified(self, payload: Any) -> Message | None:
         try:
-            message = parse(dict(payload))
-        except (ProtocolError, TypeError) as exc:
-            log.error("dropped a malformed message: %s", exc)
+            envelope = open_envelope(payload)
+            if envelope.node != self.node:
+                raise SignatureError(
+                    "wrong_node", f"addressed to {envelope.node!r}, this is {self.node!r}"
+                )
+            verify_signature(envelope, self._key)
+            now = self._clock()
+            check_fresh(envelope, now=now, max_skew_s=self._max_skew_s)
+            if not self._replays.first_time(envelope.nonce, now=now):
+                raise SignatureError("replay", f"nonce {envelope.nonce} was seen already")
+            return message_of(envelope, allowed_types=TO_AGENT_TYPES)
+        except SignatureError as error:
+            self.refused.append(error.reason)
+            log.error("refused a message: %s", error)
             return None
-        if not isinstance(message, expected):
-            log.error("dropped a %r message sent to the wrong task", message.TYPE)
-            return None
-        return message
 
-    # --- heartbeats -------------------------------------------------------------------------
+    def handle_ack(self, ack: Ack) -> None:
+        removed = self.outbox.ack(ack.reports)
+        if removed:
+            with self._send_lock:
+                for key in ack.reports:
+                    self._last_sent.pop(key.as_tuple(), None)
+        if (
+            ack.heartbeat_seq is not None
+            and ack.lease_s is not None
+            and not self.lease.acknowledged(
+                boot=ack.boot, seq=ack.heartbeat_seq, lease_s=ack.lease_s
+            )
+        ):
+            log.warning("ack of heartbeat %s of run %s is not ours", ack.heartbeat_seq, ack.boot)
+
+    # --- outgoing -----------------------------------------------------------------------------
+
+    def report(self, message: Report) -> bool:
+        """Keep a report in the outbox and try to send it now; False when the outbox refused
+        it (a log chunk past the bound)."""
+        if not self.outbox.put(message):
+            return False
+        self._transmit(message)
+        return True
+
+    def _transmit(self, message: Message) -> bool:
+        try:
+            self._send(message)
+        except Exception as error:  # any broker failure: the outbox keeps it for a resend
+            log.warning("could not send %s (kept for a resend): %s", message.TYPE, error)
+            return False
+        if not isinstance(message, (Heartbeat, Metrics)):
+            with self._send_lock:
+                self._last_sent[report_id(message)] = time.monotonic()  # type: ignore[arg-type]
+        return True
+
+    def resend_pending(self) -> int:
+        """Send again every unacknowledged report last sent more than resend_s ago."""
+        now = time.monotonic()
+        sent = 0
+        for report in self.outbox.pending():
+            with self._send_lock:
+                last = self._last_sent.get(report_id(report))
+            if last is not None and now - last < self.resend_s:
+                continue
+            if not self._transmit(report):
+                break  # the broker is away: the next round tries again
+            sent += 1
+            if sent >= RESEND_BATCH:
+                break
+        return sent
 
     def heartbeat(self) -> Heartbeat:
+        self._heartbeat_seq += 1
+        sent_at = self._clock()
+        self.lease.sent(self._heartbeat_seq, sent_at)
         return Heartbeat(
             node=self.node,
+            boot=self.boot,
+            previous_boot=self.previous_boot,
+            seq=self._heartbeat_seq,
             agent_version=AGENT_VERSION,
-            sent_at=self._clock(),
+            sent_at=sent_at,
             inventory=self.inventory,
             running=tuple(self.supervisor.running()),
+            finished=tuple(self.outbox.pending_finished()[:HEARTBEAT_FINISHED_MAX]),
         )
 
     def beat(self) -> None:
-        """One heartbeat, then the metrics of each running attempt where NVML can tell."""
-        try:
-            self._send(self.heartbeat())
-        except Exception:
-            log.exception("heartbeat not sent")
+        """One heartbeat, the resend of unacknowledged reports, then GPU metrics."""
+        self._transmit(self.heartbeat())
+        self.resend_pending()
         if self._sampler is not None:
             for launch in self.supervisor.running_launches():
                 self._send_metrics(launch)
+        self.journal.prune(
+            now=self._clock(),
+            keep_s=JOURNAL_KEEP_S,
+            keep={(r.job_id, r.attempt) for r in self.outbox.pending()},
+        )
+
+    def check_lease(self) -> None:
+        """Fence: the lease just ran out, so stop every job before the portal requeues it."""
+        if self.lease.lapsed_now():
+            stopped = self.supervisor.fence(
+                f"no acknowledged heartbeat: the lease ran out at {self.lease.valid_until:.3f}",
+                self.fence_grace_s,
+            )
+            log.error(
+                "lease lapsed (no acknowledged heartbeat): fenced %d running attempt(s)", stopped
+            )
 
     def _send_metrics(self, launch: Launch) -> None:
         try:
             sample = self._sampler.sample(launch) if self._sampler else None
             if sample is not None:
                 util, memory_mb = sample
-                self._send(
+                self._transmit(
                     Metrics(
                         node=self.node,
                         job_id=launch.job_id,
@@ -159,22 +382,41 @@ class Agent:
         except Exception:
             log.exception("metrics for job %s not sent", launch.job_id)
 
-    def start_heartbeats(self, interval_s: float) -> None:
-        def loop() -> None:
-            while not self._stopping.is_set():
-                self.beat()
-                self._stopping.wait(interval_s)
+    def start(self, heartbeat_s: float) -> None:
+        """The heartbeat thread and the lease watcher."""
 
-        self._heartbeat_thread = threading.Thread(target=loop, name="heartbeat", daemon=True)
-        self._heartbeat_thread.start()
+        def beats() -> None:
+            while not self._stopping.is_set():
+                try:
+                    self.beat()
+                except Exception:
+                    log.exception("heartbeat round failed")
+                self._stopping.wait(heartbeat_s)
+
+        def lease_watch() -> None:
+            while not self._stopping.is_set():
+                try:
+                    self.check_lease()
+                except Exception:
+                    log.exception("lease check failed")
+                self._stopping.wait(0.2)
+
+        for name, target in (("heartbeat", beats), ("lease", lease_watch)):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
     def close(self, grace_s: float | None = None) -> None:
-        """Stop the jobs and the heartbeats; one last heartbeat tells the portal what is left."""
+        """Stop the jobs and the threads; one last heartbeat tells the portal what is left."""
         self.supervisor.shutdown(grace_s)
         self._stopping.set()
-        if self._heartbeat_thread is not None:
-            self._heartbeat_thread.join(5)
-        self.beat()
+        for thread in self._threads:
+            thread.join(5)
+        self._transmit(self.heartbeat())
+        self.resend_pending()
+
+
+# --- the process ------------------------------------------------------------------------------
 
 
 def make_celery_app(broker_url: str, node: str) -> Celery:
@@ -187,14 +429,17 @@ def make_celery_app(broker_url: str, node: str) -> Celery:
         task_ignore_result=True,
         worker_prefetch_multiplier=1,
         broker_connection_retry_on_startup=True,
+        broker_connection_timeout=3,
+        # A send must fail fast when the broker is away: the outbox keeps the report.
+        broker_transport_options={"socket_timeout": 3, "socket_connect_timeout": 3},
         worker_hijack_root_logger=False,
     )
     return app
 
 
 def register_tasks(app: Celery, agent: Agent) -> None:
-    app.task(name=TASK_LAUNCH, acks_late=True, ignore_result=True)(agent.handle_launch)
-    app.task(name=TASK_STOP, acks_late=True, ignore_result=True)(agent.handle_stop)
+    for name in (TASK_LAUNCH, TASK_STOP, TASK_QUERY, TASK_ACK):
+        app.task(name=name, acks_late=True, ignore_result=True)(agent.handle)
 
 
 def build_launcher(settings: AgentSettings) -> Launcher:
@@ -205,22 +450,76 @@ def build_launcher(settings: AgentSettings) -> Launcher:
 
         try:
             return DockerLauncher(
-                node=settings.node, mps_root=settings.mps_root, network=settings.docker_network
+                node=settings.node,
+                mps_root=settings.mps_root,
+                network=settings.docker_network,
+                workdir=settings.workdir,  # where the watchdog leaves its fence markers
             )
         except DockerException as exc:
             raise SettingsError(
                 f"PORTAL_AGENT_LAUNCHER: docker was chosen but the engine is unreachable: {exc}"
             ) from None
-    return ProcessLauncher(workdir=settings.workdir, mps_root=settings.mps_root)
+    return process_launcher(settings)
+
+
+class WorkdirLock:
+    """One agent per work directory: a second one on the same directory would run the same
+    attempts' files and outbox."""
+
+    def __init__(self, workdir: Path) -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.path = workdir / "agent.lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> None:
+        handle = open(self.path, "a+")  # noqa: SIM115 - held for the agent's lifetime
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise SettingsError(
+                f"PORTAL_AGENT_WORKDIR: {self.path.parent} is in use by another agent ({holder})"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self._file = handle
+
+
+def next_boot(workdir: Path) -> tuple[str, str]:
+    """(this run's id, the previous run's id on this work directory, or "")."""
+    path = workdir / "boot"
+    previous = ""
+    with contextlib.suppress(OSError):
+        previous = path.read_text().strip()
+    boot = uuid.uuid4().hex
+    path.write_text(boot + "\n")
+    return boot, previous
+
+
+def adopt_runs(launcher: Launcher, journal: AttemptJournal) -> dict[tuple[int, int], Run]:
+    """What survived the previous run of the agent: adopted containers; leftover processes
+    (which should have died with it) are killed."""
+    adopt = getattr(launcher, "adopt", None)
+    if callable(adopt):
+        return dict(adopt())
+    reap = getattr(launcher, "reap_leftovers", None)
+    if callable(reap):
+        killed = reap(set())
+        if killed:
+            log.warning("killed leftovers of an earlier agent run: %s", killed)
+    return {}
 
 
 def main(environ: Mapping[str, str] | None = None) -> int:
-    import os
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     env = os.environ if environ is None else environ
     try:
         settings = AgentSettings.from_env(env)
+        WorkdirLock(settings.workdir).acquire()
         inventory = discover(
             settings.node,
             source=settings.gpu_source,
@@ -234,24 +533,43 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     daemons = prepare_mps(inventory, settings.mps_root)
     nvml, _ = open_nvml() if inventory.driver == "nvml" else (None, "")
     app = make_celery_app(settings.broker_url, settings.node)
+    boot, previous_boot = next_boot(settings.workdir)
     agent = Agent(
         node=settings.node,
         inventory=inventory,
         launcher=launcher,
-        send=CelerySender(app),
+        send=CelerySender(app, node=settings.node, key=settings.key),
+        workdir=settings.workdir,
+        key=settings.key,
         kill_grace_s=settings.kill_grace_s,
+        fence_fraction=settings.fence_fraction,
+        fence_grace_s=settings.fence_grace_s,
+        resend_s=settings.resend_s,
+        max_skew_s=settings.max_skew_s,
+        outbox_log_bytes=settings.outbox_log_bytes,
         sampler=NvmlSampler(nvml) if nvml is not None else None,
+        boot=boot,
+        previous_boot=previous_boot,
     )
+    if settings.launcher == "docker":
+        # Containers outlive the agent: before any is adopted or started, make sure the
+        # watchdog that kills them once the lease lapses runs (or finds its service running).
+        from workers.watchdog import ensure_watchdog
+
+        ensure_watchdog(workdir=settings.workdir, node=settings.node)
+    agent.supervisor.recover(adopt_runs(launcher, agent.journal))
     register_tasks(app, agent)
     log.info(
-        "agent %s: %d GPUs (%s), launcher %s, queue %s",
+        "agent %s (run %s): %d GPUs (%s), launcher %s, queue %s, %d report(s) in the outbox",
         settings.node,
+        boot,
         len(inventory.gpus),
         inventory.driver,
         launcher.name,
         node_queue(settings.node),
+        len(agent.outbox),
     )
-    agent.start_heartbeats(settings.heartbeat_s)
+    agent.start(settings.heartbeat_s)
     worker = app.Worker(
         queues=[node_queue(settings.node)],
         pool="threads",

@@ -104,6 +104,13 @@ def _described_gpu(node: str, index: int, entry: dict[str, Any], path: str) -> G
     if mode not in ("whole", "mig", "mps"):
         raise InventoryError(f"{path}.mode: must be one of 'whole', 'mig', 'mps'; got {mode!r}")
     memory_mb = _field(entry, "memory_mb", int, DEFAULT_MEMORY_MB, path)
+    # Checked here: a msgspec Struct checks its constraints when decoded, not when built, so
+    # Gpu(memory_mb=-5) would only be refused by the portal, heartbeat after heartbeat.
+    if memory_mb < 1:
+        raise InventoryError(f"{path}.memory_mb: must be positive; got {memory_mb}")
+    model = _field(entry, "model", str, DEFAULT_MODEL, path)
+    if not model.strip():
+        raise InventoryError(f"{path}.model: must be a non-empty string; got {model!r}")
     profiles = _field(entry, "mig", list, [], path)
     shares = _field(entry, "mps_shares", int, 0, path)
     if mode == "mig":
@@ -120,7 +127,7 @@ def _described_gpu(node: str, index: int, entry: dict[str, Any], path: str) -> G
         return Gpu(
             uuid=stable_uuid("GPU", node, index),
             index=index,
-            model=_field(entry, "model", str, DEFAULT_MODEL, path),
+            model=model,
             memory_mb=memory_mb,
             mode=mode,
             mig=tuple(
@@ -129,7 +136,7 @@ def _described_gpu(node: str, index: int, entry: dict[str, Any], path: str) -> G
             ),
             mps_shares=shares,
         )
-    except ProtocolError as exc:  # the contract's own rules (e.g. memory_mb > 0)
+    except ProtocolError as exc:  # the contract's rules across fields (__post_init__)
         raise InventoryError(f"{path}.{exc.field}: {exc.problem}") from None
 
 

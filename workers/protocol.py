@@ -1,49 +1,93 @@
 """The message contract between the portal (control plane) and the GPU host agents.
 
-Both sides import this module and nothing else from each other: the portal builds
-`Launch` / `Stop` and parses agent reports, the agent parses `Launch` / `Stop` and builds
-reports. Every message is a frozen dataclass; `to_dict()` gives a JSON-safe dict carrying
-`"type"` and `"v"`, and `parse(d)` turns such a dict back into a message, validating the
-version, every field's type and the allowed values. Constructing a message validates it
-too, so a bad message fails where it is built, not on the other side of the broker.
+Both sides import this module and nothing else from each other. Every message is a frozen
+msgspec Struct; the union of them is tagged on ``"type"``, every message carries ``"v"``
+(the protocol version), unknown fields are refused, and per-field rules live in the types
+(``Annotated[int, Meta(gt=0)]``). Rules across fields are checked in ``__post_init__``.
+``parse(d)`` validates a received dict and returns the message; ``checked(message)`` validates
+a message built in code (msgspec checks types on decoding, not on construction), so a bad
+message fails where it is built, not on the other side of the broker. Every error is a
+``ProtocolError`` naming the field by its dotted path.
 
-Unknown fields are rejected: both sides ship from one repository, and an incompatible
-change bumps `PROTOCOL_VERSION` instead of relying on readers to skip what they do not know.
+Messages never travel bare: ``workers.signing`` wraps each one in a signed envelope
+(HMAC-SHA256 with the node's key, a timestamp and a nonce).
 
-Devices: one `Device` per portal slice. A job holding two MPS shares of one GPU gets two
-`Device` entries (each with its own `slice_id` and `mps_fraction`, e.g. 0.25 + 0.25); the
+Control plane -> agent (task names in ``TASK_*``, queue ``node.<name>``): ``Launch``,
+``Stop``, ``Query`` (what do you know of this attempt?) and ``Ack`` (these reports and this
+heartbeat are applied; your lease runs on).
+
+Agent -> control plane (task ``portal.agent_report``, queue ``control``): ``Heartbeat``,
+``Started``, ``LogChunk``, ``Finished`` and ``Metrics``. ``Started``, ``LogChunk`` and
+``Finished`` are *reports*: they wait in the agent's outbox until acknowledged, and each is
+identified by ``report_key()`` = (kind, job_id, attempt, seq) so that the portal applies it
+once however often it arrives.
+
+Devices: one ``Device`` per portal slice. A job holding two MPS shares of one GPU gets two
+``Device`` entries (each with its own ``slice_id`` and ``mps_fraction``, e.g. 0.25 + 0.25); the
 agent adds up the fractions and memory of the shares it got on the same GPU.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
+import re
 import types
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
-PROTOCOL_VERSION = 1
+import msgspec
+from msgspec import Meta
+
+PROTOCOL_VERSION = 2
 
 # Celery names shared by both sides; the portal defines `portal.agent_report`.
 TASK_LAUNCH = "agent.launch"
 TASK_STOP = "agent.stop"
+TASK_QUERY = "agent.query"
+TASK_ACK = "agent.ack"
 TASK_AGENT_REPORT = "portal.agent_report"
 CONTROL_QUEUE = "control"
 
 # A log chunk carries at most this many bytes of UTF-8 text.
 LOG_CHUNK_MAX_BYTES = 64 * 1024
+# One ack names at most this many reports (a heartbeat can settle many at once).
+ACK_MAX_REPORTS = 10_000
 
 SliceKind = Literal["whole", "mig", "mps"]
 GpuMode = Literal["whole", "mig", "mps"]
 InventoryDriver = Literal["nvml", "described"]
 StopReason = Literal["cancel", "preempt", "time_limit"]
-Outcome = Literal["succeeded", "failed", "cancelled", "timed_out", "preempted", "launch_error"]
+# succeeded/failed: the command's own exit. cancelled/preempted/timed_out: stopped on request.
+# launch_error: never started. fenced: the agent lost its lease and stopped the attempt itself.
+# lost: the attempt died with an earlier run of the agent (kill -9, host reboot).
+# unknown: the agent has no record of the attempt (answer to a query; it will never run it).
+# superseded: a newer attempt of the job was seen here first (fencing token): never started.
+Outcome = Literal[
+    "succeeded",
+    "failed",
+    "cancelled",
+    "timed_out",
+    "preempted",
+    "launch_error",
+    "fenced",
+    "lost",
+    "unknown",
+    "superseded",
+]
+ReportKind = Literal["started", "log", "finished"]
 
 SLICE_KINDS: tuple[str, ...] = get_args(SliceKind)
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
+
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+JobId = Annotated[int, Meta(gt=0)]
+AttemptNo = Annotated[int, Meta(ge=0)]
+Seq = Annotated[int, Meta(ge=0)]
+NodeName = Annotated[str, Meta(pattern=NODE_NAME_PATTERN)]
+NonEmpty = Annotated[str, Meta(min_length=1)]
+# Comparisons refuse NaN and the bounds refuse infinities: JSON has neither.
+Epoch = Annotated[float, Meta(ge=0, le=1e11)]
+Seconds = Annotated[float, Meta(ge=0, le=1e9)]
 
 
 def node_queue(node: str) -> str:
@@ -59,164 +103,41 @@ class ProtocolError(ValueError):
         self.field = field
         self.problem = problem
 
-    def within(self, prefix: str) -> ProtocolError:
-        return ProtocolError(f"{prefix}.{self.field}" if self.field else prefix, self.problem)
-
-
-# --- generic validation, driven by the dataclass annotations -------------------------------
-
-_JSON_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {value!r}"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, dict):
-        return "an object"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _coerce(value: Any, hint: Any, path: str, or_null: str = "") -> Any:
-    """Check `value` against a type hint; return it normalised (lists -> tuples, dicts -> records).
-
-    Only `X | None` unions are used in the contract; `or_null` words the error for them.
-    """
-    origin = get_origin(hint)
-    if origin is Literal:
-        allowed = get_args(hint)
-        if not isinstance(value, str) or value not in allowed:
-            names = ", ".join(repr(a) for a in allowed)
-            raise ProtocolError(path, f"must be one of {names}{or_null}; got {_describe(value)}")
-        return value
-    if origin in (Union, types.UnionType):
-        if value is None:
-            return None
-        (inner,) = [a for a in get_args(hint) if a is not type(None)]
-        return _coerce(value, inner, path, or_null=" or null")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ProtocolError(path, f"must be a list; got {_describe(value)}")
-        inner = get_args(hint)[0]
-        return tuple(_coerce(item, inner, f"{path}[{i}]") for i, item in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ProtocolError(path, f"must be an object; got {_describe(value)}")
-        key_hint, value_hint = get_args(hint)
-        return {
-            _coerce(k, key_hint, f"{path}.<key>"): _coerce(v, value_hint, f"{path}.{k}")
-            for k, v in value.items()
-        }
-    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
-            return value
-        if not isinstance(value, dict):
-            raise ProtocolError(path, f"must be an object; got {_describe(value)}")
-        return _build(hint, value, path)
-    return _coerce_scalar(value, hint, path, or_null)
-
-
-def _coerce_scalar(value: Any, hint: type, path: str, or_null: str) -> Any:
-    expected = _JSON_NAMES[hint] + or_null
-    if hint is float:
-        # JSON has one number type: accept 5 for 5.0, but not booleans, NaN or infinities.
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(path, f"must be {expected}; got {_describe(value)}")
-        if not math.isfinite(value):
-            raise ProtocolError(path, f"must be a finite number; got {value!r}")
-        return float(value)
-    if hint is int and isinstance(value, bool):
-        raise ProtocolError(path, f"must be {expected}; got {_describe(value)}")
-    if not isinstance(value, hint):
-        raise ProtocolError(path, f"must be {expected}; got {_describe(value)}")
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], path: str) -> Any:
-    """Make a record from a received dict: required fields present, no unknown ones."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields) - {"type", "v"})
-    if unknown:
-        raise ProtocolError(f"{path}.{unknown[0]}", f"unknown field (allowed: {', '.join(fields)})")
-    kwargs: dict[str, Any] = {}
-    for name, field in fields.items():
-        if name in data:
-            kwargs[name] = data[name]
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{path}.{name}", "required field is missing")
-    try:
-        return cls(**kwargs)
-    except ProtocolError as exc:
-        # A message prefixes its own type; a nested record gets the path it sits at.
-        if issubclass(cls, _Message):
-            raise
-        raise exc.within(path) from None
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return value.to_dict()
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
-@functools.cache
-def _field_hints(cls: type) -> dict[str, Any]:
-    # Resolving string annotations is slow; a launch message for every placed job pays it.
-    return get_type_hints(cls)
-
-
-class _Record:
-    """Base of every contract dataclass: validates on construction, serialises to JSON."""
-
-    def __post_init__(self) -> None:
-        hints = _field_hints(type(self))
-        for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            value = _coerce(getattr(self, field.name), hints[field.name], field.name)
-            object.__setattr__(self, field.name, value)
-        self._check()
-
-    def _check(self) -> None:
-        """Rules across fields or on values; raise ProtocolError naming the field."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-
-
-class _Message(_Record):
-    TYPE: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        try:
-            super().__post_init__()
-        except ProtocolError as exc:
-            raise exc.within(self.TYPE) from None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "v": PROTOCOL_VERSION, **super().to_dict()}
-
 
 def _require(condition: bool, field: str, problem: str) -> None:
     if not condition:
         raise ProtocolError(field, problem)
 
 
-def _check_job_ref(job_id: int, attempt: int) -> None:
-    _require(job_id > 0, "job_id", f"must be a positive integer; got {job_id}")
-    _require(attempt >= 0, "attempt", f"must be 0 or more; got {attempt}")
+class _Record(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A nested record of the contract."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+class _Message(_Record, frozen=True, tag_field="type", kw_only=True):
+    """Base of every message: tagged on ``type``, versioned by ``v``."""
+
+    TYPE: ClassVar[str]
+    v: int = PROTOCOL_VERSION
+
+    def __post_init__(self) -> None:
+        _require(
+            self.v == PROTOCOL_VERSION,
+            "v",
+            f"unsupported protocol version {self.v}; this side speaks {PROTOCOL_VERSION}",
+        )
+        self._check()
+
+    def _check(self) -> None:
+        """Rules across fields; raise ProtocolError naming the field."""
 
 
 # --- shared records -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Device(_Record):
+class Device(_Record, frozen=True, kw_only=True):
     """One allocated slice: a whole GPU, a MIG instance or an MPS share of a GPU.
 
     `mig_uuid` and `profile` are set for kind 'mig' only; `mps_fraction` (0 < f <= 1, the
@@ -224,19 +145,16 @@ class Device(_Record):
     is the slice's memory when known (for MPS it becomes the pinned device memory limit).
     """
 
-    slice_id: str
+    slice_id: NonEmpty
     kind: SliceKind
-    gpu_uuid: str
-    gpu_index: int
+    gpu_uuid: NonEmpty
+    gpu_index: Annotated[int, Meta(ge=0)]
     mig_uuid: str = ""
     profile: str = ""
-    mps_fraction: float | None = None
-    memory_mb: int | None = None
+    mps_fraction: Annotated[float, Meta(gt=0, le=1)] | None = None
+    memory_mb: Annotated[int, Meta(gt=0)] | None = None
 
-    def _check(self) -> None:
-        _require(bool(self.slice_id), "slice_id", "must not be empty")
-        _require(bool(self.gpu_uuid), "gpu_uuid", "must not be empty")
-        _require(self.gpu_index >= 0, "gpu_index", f"must be 0 or more; got {self.gpu_index}")
+    def __post_init__(self) -> None:
         if self.kind == "mig":
             _require(bool(self.mig_uuid), "mig_uuid", "is required for kind 'mig'")
             _require(bool(self.profile), "profile", "is required for kind 'mig'")
@@ -244,47 +162,29 @@ class Device(_Record):
             _require(not self.mig_uuid, "mig_uuid", "is only allowed for kind 'mig'")
             _require(not self.profile, "profile", "is only allowed for kind 'mig'")
         if self.kind == "mps":
-            fraction = self.mps_fraction
-            _require(fraction is not None, "mps_fraction", "is required for kind 'mps'")
-            _require(
-                fraction is not None and 0 < fraction <= 1,
-                "mps_fraction",
-                f"must be > 0 and <= 1; got {fraction}",
-            )
+            _require(self.mps_fraction is not None, "mps_fraction", "is required for kind 'mps'")
         else:
             _require(self.mps_fraction is None, "mps_fraction", "is only allowed for kind 'mps'")
-        if self.memory_mb is not None:
-            _require(self.memory_mb > 0, "memory_mb", f"must be positive; got {self.memory_mb}")
 
 
-@dataclass(frozen=True)
-class MigDevice(_Record):
-    uuid: str
-    profile: str
-
-    def _check(self) -> None:
-        _require(self.uuid.startswith("MIG-"), "uuid", f"must start with 'MIG-'; got {self.uuid!r}")
-        _require(bool(self.profile), "profile", "must not be empty")
+class MigDevice(_Record, frozen=True, kw_only=True):
+    uuid: Annotated[str, Meta(pattern=r"^MIG-")]
+    profile: NonEmpty
 
 
-@dataclass(frozen=True)
-class Gpu(_Record):
+class Gpu(_Record, frozen=True, kw_only=True):
     """A physical GPU as the agent sees it. `mig` lists the MIG instances (mode 'mig');
     `mps_shares` is how many MPS shares the operator declared (mode 'mps')."""
 
-    uuid: str
-    index: int
-    model: str
-    memory_mb: int
+    uuid: Annotated[str, Meta(pattern=r"^GPU-")]
+    index: Annotated[int, Meta(ge=0)]
+    model: NonEmpty
+    memory_mb: Annotated[int, Meta(gt=0)]
     mode: GpuMode
     mig: tuple[MigDevice, ...] = ()
-    mps_shares: int = 0
+    mps_shares: Annotated[int, Meta(ge=0)] = 0
 
-    def _check(self) -> None:
-        _require(self.uuid.startswith("GPU-"), "uuid", f"must start with 'GPU-'; got {self.uuid!r}")
-        _require(self.index >= 0, "index", f"must be 0 or more; got {self.index}")
-        _require(bool(self.model), "model", "must not be empty")
-        _require(self.memory_mb > 0, "memory_mb", f"must be positive; got {self.memory_mb}")
+    def __post_init__(self) -> None:
         if self.mode != "mig":
             _require(not self.mig, "mig", "must be empty unless mode is 'mig'")
         if self.mode == "mps":
@@ -293,144 +193,164 @@ class Gpu(_Record):
             _require(self.mps_shares == 0, "mps_shares", "must be 0 unless mode is 'mps'")
 
 
-@dataclass(frozen=True)
-class Inventory(_Record):
-    hostname: str
+class Inventory(_Record, frozen=True, kw_only=True):
+    hostname: NonEmpty
     driver: InventoryDriver
     gpus: tuple[Gpu, ...]
 
-    def _check(self) -> None:
-        _require(bool(self.hostname), "hostname", "must not be empty")
+    def __post_init__(self) -> None:
         seen_uuids: set[str] = set()
         seen_indexes: set[int] = set()
         for i, gpu in enumerate(self.gpus):
             _require(gpu.index not in seen_indexes, f"gpus[{i}].index", f"duplicate {gpu.index}")
-            uuids = [gpu.uuid, *(m.uuid for m in gpu.mig)]
-            for uuid in uuids:
+            for uuid in (gpu.uuid, *(m.uuid for m in gpu.mig)):
                 _require(uuid not in seen_uuids, f"gpus[{i}]", f"duplicate uuid {uuid}")
                 seen_uuids.add(uuid)
             seen_indexes.add(gpu.index)
 
+    def uuids(self) -> set[str]:
+        """Every GPU and MIG device UUID this inventory claims."""
+        return {u for g in self.gpus for u in (g.uuid, *(m.uuid for m in g.mig))}
 
-@dataclass(frozen=True)
-class JobRef(_Record):
-    job_id: int
-    attempt: int
 
-    def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
+class JobRef(_Record, frozen=True, kw_only=True):
+    job_id: JobId
+    attempt: AttemptNo
+
+
+class RunningAttempt(_Record, frozen=True, kw_only=True):
+    """An attempt the agent supervises now; `started_at` is null while it is still starting."""
+
+    job_id: JobId
+    attempt: AttemptNo
+    started_at: Epoch | None = None
+    pid: int | None = None
+    container_id: str | None = None
+
+
+class ReportKey(_Record, frozen=True, kw_only=True):
+    """What identifies a report: a `started` and a `finished` have seq 0, a `log` its own."""
+
+    kind: ReportKind
+    job_id: JobId
+    attempt: AttemptNo
+    seq: Seq = 0
+
+    def as_tuple(self) -> tuple[str, int, int, int]:
+        return (self.kind, self.job_id, self.attempt, self.seq)
 
 
 # --- control -> agent -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Launch(_Message):
-    """Start attempt `attempt` of job `job_id` on exactly `devices`. `env` is what the user
-    asked for; the agent's slice variables (CUDA_VISIBLE_DEVICES, ...) win over it."""
+class Launch(_Message, frozen=True, tag="launch", kw_only=True):
+    """Start attempt `attempt` of job `job_id` on `node`, on exactly `devices`. `env` is what
+    the user asked for; the agent's slice variables (CUDA_VISIBLE_DEVICES, ...) win over it.
+    The attempt number is a fencing token: an agent that saw a newer attempt of the job
+    refuses this one."""
 
     TYPE: ClassVar[str] = "launch"
 
-    job_id: int
-    attempt: int
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
     name: str
     team: str
     user: str
-    image: str
-    command: tuple[str, ...]
+    image: NonEmpty
+    command: Annotated[tuple[str, ...], Meta(min_length=1)]
     env: dict[str, str]
-    devices: tuple[Device, ...]
-    time_limit_s: float | None = None
+    devices: Annotated[tuple[Device, ...], Meta(min_length=1)]
+    time_limit_s: Annotated[float, Meta(gt=0, le=1e9)] | None = None
 
     def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
-        _require(bool(self.image), "image", "must not be empty")
-        _require(bool(self.command), "command", "must have at least one element")
         for key in self.env:
             _require(
                 bool(key) and "=" not in key and "\0" not in key,
                 f"env.{key}",
                 "a variable name must be non-empty, without '=' or NUL",
             )
-        _require(bool(self.devices), "devices", "must list at least one device")
         slice_ids = [d.slice_id for d in self.devices]
         _require(len(set(slice_ids)) == len(slice_ids), "devices", "slice_id listed twice")
-        if self.time_limit_s is not None:
-            _require(self.time_limit_s > 0, "time_limit_s", "must be positive or null")
 
 
-@dataclass(frozen=True)
-class Stop(_Message):
+class Stop(_Message, frozen=True, tag="stop", kw_only=True):
     """Stop an attempt: SIGTERM (or docker stop), then kill after `grace_s` seconds."""
 
     TYPE: ClassVar[str] = "stop"
 
-    job_id: int
-    attempt: int
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
     reason: StopReason
-    grace_s: float = 10.0
+    grace_s: Seconds = 10.0
 
-    def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
-        _require(self.grace_s >= 0, "grace_s", f"must be 0 or more; got {self.grace_s}")
+
+class Query(_Message, frozen=True, tag="query", kw_only=True):
+    """What do you know of this attempt? The agent re-sends its reports of it, or, when it has
+    no record of it, reports `finished` with outcome `unknown` and never runs it afterwards.
+    That answer is the only way, besides an expired lease, for the portal to declare an
+    attempt lost."""
+
+    TYPE: ClassVar[str] = "query"
+
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
+
+
+class Ack(_Message, frozen=True, tag="ack", kw_only=True):
+    """The portal applied these reports (they may leave the outbox) and, when `heartbeat_seq`
+    is set, accepted that heartbeat of agent run `boot`: the agent's lease runs `lease_s`
+    from the heartbeat's own send time."""
+
+    TYPE: ClassVar[str] = "ack"
+
+    node: NodeName
+    boot: str = ""
+    heartbeat_seq: Seq | None = None
+    lease_s: Annotated[float, Meta(gt=0, le=1e6)] | None = None
+    reports: Annotated[tuple[ReportKey, ...], Meta(max_length=ACK_MAX_REPORTS)] = ()
 
 
 # --- agent -> control -----------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Heartbeat(_Message):
-    """Registration (first one) and liveness: what the node has and what runs on it."""
-
-    TYPE: ClassVar[str] = "heartbeat"
-
-    node: str
-    agent_version: str
-    sent_at: float
-    inventory: Inventory
-    running: tuple[JobRef, ...] = ()
-
-    def _check(self) -> None:
-        _require(bool(self.node), "node", "must not be empty")
-
-
-@dataclass(frozen=True)
-class Started(_Message):
+class Started(_Message, frozen=True, tag="started", kw_only=True):
     """The attempt runs: `pid` for a local process, `container_id` for a container."""
 
     TYPE: ClassVar[str] = "started"
 
-    node: str
-    job_id: int
-    attempt: int
-    started_at: float
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
+    started_at: Epoch
     pid: int | None = None
     container_id: str | None = None
 
     def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
         _require(
             self.pid is not None or bool(self.container_id),
             "pid",
             "one of pid or container_id is required",
         )
 
+    def report_key(self) -> ReportKey:
+        return ReportKey(kind="started", job_id=self.job_id, attempt=self.attempt)
 
-@dataclass(frozen=True)
-class LogChunk(_Message):
+
+class LogChunk(_Message, frozen=True, tag="log", kw_only=True):
     """Output of an attempt, in order: `seq` counts from 0 per attempt."""
 
     TYPE: ClassVar[str] = "log"
 
-    node: str
-    job_id: int
-    attempt: int
-    seq: int
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
+    seq: Seq
     data: str
 
     def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
-        _require(self.seq >= 0, "seq", f"must be 0 or more; got {self.seq}")
         size = len(self.data.encode("utf-8", errors="surrogatepass"))
         _require(
             size <= LOG_CHUNK_MAX_BYTES,
@@ -438,31 +358,59 @@ class LogChunk(_Message):
             f"chunk is {size} bytes; at most {LOG_CHUNK_MAX_BYTES} allowed",
         )
 
+    def report_key(self) -> ReportKey:
+        return ReportKey(kind="log", job_id=self.job_id, attempt=self.attempt, seq=self.seq)
 
-@dataclass(frozen=True)
-class Finished(_Message):
+
+class Finished(_Message, frozen=True, tag="finished", kw_only=True):
     """The attempt ended. `exit_code` is null when there was no process (launch_error) or
-    the agent could not learn it; `error` says what went wrong, empty on success."""
+    the agent could not learn it; `error` says what went wrong, empty on success.
+    `started_at` (null if it never started) lets the portal record the start even when this
+    report overtakes `started`; `log_chunks` is how many log chunks the attempt shipped."""
 
     TYPE: ClassVar[str] = "finished"
 
-    node: str
-    job_id: int
-    attempt: int
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
     exit_code: int | None
     outcome: Outcome
-    finished_at: float
+    finished_at: Epoch
     error: str = ""
-    # When the attempt started (null if it never did): lets the portal record the start
-    # even when this report overtakes `started`.
-    started_at: float | None = None
+    started_at: Epoch | None = None
+    log_chunks: Seq = 0
+
+    def report_key(self) -> ReportKey:
+        return ReportKey(kind="finished", job_id=self.job_id, attempt=self.attempt)
+
+
+class Heartbeat(_Message, frozen=True, tag="heartbeat", kw_only=True):
+    """Registration (first one of a run) and liveness: what the node has and runs.
+
+    `boot` names this run of the agent (new at every start); `previous_boot` the run before it
+    on the same work directory, so the portal can tell a restart from a second agent claiming
+    the node. `seq` counts heartbeats within the run. `running` lists every attempt the agent
+    supervises; `finished` every ended attempt whose `finished` report is not acknowledged
+    yet, so the portal can settle from the heartbeat what a report has not told it."""
+
+    TYPE: ClassVar[str] = "heartbeat"
+
+    node: NodeName
+    boot: NonEmpty
+    previous_boot: str = ""
+    seq: Seq = 0
+    agent_version: str
+    sent_at: Epoch
+    inventory: Inventory
+    running: tuple[RunningAttempt, ...] = ()
+    finished: tuple[Finished, ...] = ()
 
     def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
+        for i, item in enumerate(self.finished):
+            _require(item.node == self.node, f"finished[{i}].node", "must be the heartbeat's node")
 
 
-@dataclass(frozen=True)
-class Metrics(_Message):
+class Metrics(_Message, frozen=True, tag="metrics", kw_only=True):
     """GPU use of one attempt over its devices (only where NVML is available).
 
     `gpu_util_pct` is the mean utilisation of its whole GPUs, null where NVML cannot tell
@@ -470,38 +418,114 @@ class Metrics(_Message):
 
     TYPE: ClassVar[str] = "metrics"
 
-    node: str
-    job_id: int
-    attempt: int
-    gpu_util_pct: float | None
-    memory_used_mb: int
-    sampled_at: float
-
-    def _check(self) -> None:
-        _check_job_ref(self.job_id, self.attempt)
-        util = self.gpu_util_pct
-        _require(util is None or 0 <= util <= 100, "gpu_util_pct", "must be between 0 and 100")
-        _require(self.memory_used_mb >= 0, "memory_used_mb", "must be 0 or more")
+    node: NodeName
+    job_id: JobId
+    attempt: AttemptNo
+    gpu_util_pct: Annotated[float, Meta(ge=0, le=100)] | None
+    memory_used_mb: Annotated[int, Meta(ge=0)]
+    sampled_at: Epoch
 
 
-Message = Launch | Stop | Heartbeat | Started | LogChunk | Finished | Metrics
+Message = Launch | Stop | Query | Ack | Heartbeat | Started | LogChunk | Finished | Metrics
+Report = Started | LogChunk | Finished
 
 MESSAGE_TYPES: dict[str, type[_Message]] = {
-    cls.TYPE: cls for cls in (Launch, Stop, Heartbeat, Started, LogChunk, Finished, Metrics)
+    cls.TYPE: cls
+    for cls in (Launch, Stop, Query, Ack, Heartbeat, Started, LogChunk, Finished, Metrics)
 }
+# Which side may send what: the portal verifies that reports come from agents and agents that
+# orders come from the portal (a node's key signs both directions).
+TO_AGENT_TYPES = frozenset({"launch", "stop", "query", "ack"})
+TO_PORTAL_TYPES = frozenset({"heartbeat", "started", "log", "finished", "metrics"})
+
+_AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
+# One step of msgspec's error path: `.field`, `[3]`, or `[...]` (a dict's value).
+_STEP = re.compile(r"\.(?P<field>[^.\[]+)|\[[^\]]*\]")
 
 
-def parse(d: dict[str, Any]) -> Message:
+def _unwrap(hint: Any) -> Any:
+    """The type under its constraints (Annotated) and its `| None`."""
+    while True:
+        if get_origin(hint) is Annotated:
+            hint = get_args(hint)[0]
+            continue
+        if get_origin(hint) in (Union, types.UnionType):
+            options = [a for a in get_args(hint) if a is not type(None)]
+            if len(options) == 1:
+                hint = options[0]
+                continue
+        return hint
+
+
+def _allowed_values(kind: str, path: str) -> tuple[Any, ...]:
+    """The values, in declared order, the Literal at `path` (".devices[0].kind") of a `kind`
+    message allows; () when the path does not lead to one. msgspec names only the value."""
+    hint: Any = MESSAGE_TYPES[kind]
+    for step in _STEP.finditer(path):
+        hint = _unwrap(hint)
+        if step["field"] is not None:
+            if not (isinstance(hint, type) and issubclass(hint, msgspec.Struct)):
+                return ()
+            hint = get_type_hints(hint, include_extras=True).get(step["field"])
+        elif get_origin(hint) is dict:
+            hint = get_args(hint)[1]
+        elif get_origin(hint) is tuple:
+            hint = get_args(hint)[0]
+        else:
+            return ()
+    hint = _unwrap(hint)
+    return get_args(hint) if get_origin(hint) is Literal else ()
+
+
+def _protocol_error(error: msgspec.ValidationError, kind: str) -> ProtocolError:
+    """msgspec's 'Expected `int` >= 1 - at `$.devices[0].gpu_index`' as a ProtocolError whose
+    field is 'launch.devices[0].gpu_index'; a refused Literal value gets the allowed ones."""
+    match = _AT.match(str(error))
+    problem, path = (match["problem"], match["path"] or "") if match else (str(error), "")
+    inner = problem.split(": ", 1)
+    # A rule raised in __post_init__ already names its field ("mig_uuid: is required ...").
+    if len(inner) == 2 and re.fullmatch(r"[A-Za-z_][^\s:]*", inner[0]):
+        path, problem = f"{path}.{inner[0]}" if path else f".{inner[0]}", inner[1]
+    unknown = re.match(r"Object contains unknown field `(.+)`", problem)
+    if unknown:
+        path, problem = f"{path}.{unknown[1]}", "unknown field"
+    missing = re.match(r"Object missing required field `(.+)`", problem)
+    if missing:
+        path, problem = f"{path}.{missing[1]}", "missing required field"
+    enum = re.fullmatch(r"Invalid enum value (.+)", problem, re.DOTALL)
+    allowed = _allowed_values(kind, path) if enum else ()
+    if enum and allowed:
+        problem = f"must be one of {', '.join(repr(v) for v in allowed)}; got {enum[1]}"
+    return ProtocolError(f"{kind}{path}", problem)
+
+
+def parse(d: Any) -> Message:
     """Validate a received dict and return the message it carries, or raise ProtocolError."""
     if not isinstance(d, dict):
-        raise ProtocolError("", f"a message must be an object; got {_describe(d)}")
+        raise ProtocolError("", f"a message must be an object; got {type(d).__name__}")
     kind = d.get("type")
     if kind not in MESSAGE_TYPES:
         allowed = ", ".join(repr(t) for t in MESSAGE_TYPES)
-        raise ProtocolError("type", f"must be one of {allowed}; got {_describe(kind)}")
+        raise ProtocolError("type", f"must be one of {allowed}; got {kind!r}")
     version = d.get("v")
     if isinstance(version, bool) or not isinstance(version, int):
-        raise ProtocolError("v", f"must be an integer protocol version; got {_describe(version)}")
+        raise ProtocolError("v", f"must be an integer protocol version; got {version!r}")
     if version != PROTOCOL_VERSION:
-        raise ProtocolError("v", f"unsupported protocol version {version}; this side speaks 1")
-    return _build(MESSAGE_TYPES[kind], d, kind)  # type: ignore[no-any-return]
+        raise ProtocolError(
+            "v", f"unsupported protocol version {version}; this side speaks {PROTOCOL_VERSION}"
+        )
+    try:
+        return msgspec.convert(d, MESSAGE_TYPES[kind])  # type: ignore[return-value]
+    except msgspec.ValidationError as error:
+        raise _protocol_error(error, kind) from None
+
+
+def checked(message: Message) -> Message:
+    """Validate a message built in code (types, constraints, cross-field rules) the way the
+    other side will; returns it, or raises ProtocolError."""
+    return parse(message.to_dict())
+
+
+def to_json(message: Message) -> bytes:
+    """The JSON text of a valid message (checked first: msgspec would write NaN as null)."""
+    return msgspec.json.encode(checked(message))

@@ -14,11 +14,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from workers.inventory import GPU_SOURCES
+from workers.signing import key_from_text
 
 LAUNCHERS = ("process", "docker")
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket")
 Getter = Callable[[str], "str | None"]
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# Jobs of a root agent run as these uids (one per running attempt), or as the agent's user.
+DEFAULT_JOB_UIDS = (61000, 61999)
+JOB_NETWORKS = ("auto", "none", "host")
+JOB_UIDS = re.compile(r"^(\d+)(?:-(\d+))?$")
+MAX_UID = 2**32 - 2  # (uid_t)-1 means "no change" to setresuid
 
 
 class SettingsError(ValueError):
@@ -39,6 +45,17 @@ class AgentSettings:
     kill_grace_s: float
     docker_network: str | None
     concurrency: int
+    # Exactly once and trust (docs/agent.md, "Leases and fencing").
+    key: bytes
+    fence_fraction: float
+    fence_grace_s: float
+    resend_s: float
+    max_skew_s: float
+    outbox_log_bytes: int
+    # The process launcher's isolation of jobs (docs/agent.md, "Process launcher").
+    var_dir: Path = Path(".var")
+    job_uids: tuple[int, int] | None = DEFAULT_JOB_UIDS
+    job_network: str = "auto"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -67,7 +84,75 @@ class AgentSettings:
             kill_grace_s=_positive(get, "PORTAL_AGENT_KILL_GRACE_S", 10.0),
             docker_network=get("PORTAL_AGENT_DOCKER_NETWORK"),
             concurrency=int(_positive(get, "PORTAL_AGENT_CONCURRENCY", 4, integer=True)),
+            key=_node_key(get),
+            fence_fraction=_fraction(get, "PORTAL_AGENT_FENCE_FRACTION", 0.5),
+            fence_grace_s=_positive(get, "PORTAL_AGENT_FENCE_GRACE_S", 2.0),
+            resend_s=_positive(get, "PORTAL_AGENT_RESEND_S", 5.0),
+            max_skew_s=_positive(get, "PORTAL_MESSAGE_MAX_SKEW_S", 300.0),
+            outbox_log_bytes=int(
+                _positive(get, "PORTAL_AGENT_OUTBOX_LOG_MB", 64, integer=True) * 1024 * 1024
+            ),
+            var_dir=var_dir.resolve(),
+            job_uids=_job_uids(get("PORTAL_AGENT_JOB_UIDS")),
+            job_network=_choice(get, "PORTAL_AGENT_JOB_NETWORK", JOB_NETWORKS),
         )
+
+
+def _node_key(get: Getter) -> bytes:
+    """PORTAL_AGENT_KEY (the text `manage.py node_add <name>` printed), or a file holding it."""
+    text = get("PORTAL_AGENT_KEY")
+    source = "PORTAL_AGENT_KEY"
+    path = get("PORTAL_AGENT_KEY_FILE")
+    if text is None and path is not None:
+        source = "PORTAL_AGENT_KEY_FILE"
+        try:
+            text = Path(path).read_text().strip()
+        except OSError as error:
+            raise SettingsError(f"PORTAL_AGENT_KEY_FILE: cannot read {path}: {error}") from None
+        if not text:
+            raise SettingsError(
+                f"PORTAL_AGENT_KEY_FILE: {path} is empty; expected the node's key as "
+                "`manage.py node_add <node>` printed it"
+            )
+    if not text:
+        raise SettingsError(
+            "PORTAL_AGENT_KEY: required: this node's key, as `manage.py node_add <node>` printed "
+            "it (or PORTAL_AGENT_KEY_FILE, a file holding it)"
+        )
+    try:
+        return key_from_text(text)
+    except ValueError as error:
+        raise SettingsError(f"{source}: {error}") from None
+
+
+def _fraction(get: Getter, name: str, default: float) -> float:
+    raw = get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise SettingsError(f"{name}: must be a number between 0 and 1 (exclusive); got {raw!r}")
+    return value
+
+
+def _job_uids(raw: str | None) -> tuple[int, int] | None:
+    """PORTAL_AGENT_JOB_UIDS: `FIRST-LAST`, one uid, or `agent` (jobs run as the agent's user)."""
+    if raw is None:
+        return DEFAULT_JOB_UIDS
+    if raw == "agent":
+        return None
+    match = JOB_UIDS.match(raw)
+    first = int(match[1]) if match else 0
+    last = int(match[2] or match[1]) if match else 0
+    if not match or not 0 < first <= last <= MAX_UID:
+        raise SettingsError(
+            "PORTAL_AGENT_JOB_UIDS: must be a uid range FIRST-LAST (e.g. 61000-61999), "
+            f"one uid, or 'agent'; uids from 1 to {MAX_UID}, not root; got {raw!r}"
+        )
+    return first, last
 
 
 def _choice(get: Getter, name: str, allowed: tuple[str, ...]) -> str:

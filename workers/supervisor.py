@@ -1,12 +1,22 @@
-"""The agent's job bookkeeping: launch and stop handling, supervision, reports.
+"""The agent's job bookkeeping: launch, stop and query handling, supervision, reports.
 
-No Celery here: the agent's tasks call `Supervisor.launch` / `Supervisor.stop`, and every
-report goes through `send(message)`, so tests drive it with a recording sender.
+No Celery here: the agent's tasks call `Supervisor.launch` / `stop` / `query`, and every
+report goes through `report(message)`, which keeps it in the outbox until the portal
+acknowledges it, so tests drive the supervisor with a recording reporter.
 
-Idempotency is by (job_id, attempt): a repeated launch of an attempt this agent knows does
-nothing but re-report where it is (`started` or `finished`); a stop for an attempt it never
-saw reports `finished` with the stop's outcome and remembers it, so a launch that arrives
-after its stop never starts it.
+Exactly once, from the agent's side:
+
+- Idempotent by (job_id, attempt): a repeated launch of an attempt this node knows (in memory
+  or in its journal on disk) starts nothing and re-reports where it is.
+- Attempt numbers are fencing tokens: a launch older than the newest attempt this node saw of
+  the job is refused (`superseded`); a newer one first stops an older attempt still running
+  here and waits for it to end, so two attempts of one job never overlap on a node.
+- A stop or a query for an attempt never seen leaves a tombstone in the journal: a launch
+  that arrives after it never starts it.
+- `fence()` stops every attempt when the agent lost its lease (reported `fenced`); the
+  launch gate (`may_launch`) keeps new ones out until the lease is back.
+- `recover()` after a restart: attempts the journal says were running are adopted again when
+  the launcher still has them (containers), otherwise reported `lost`.
 """
 
 from __future__ import annotations
@@ -16,32 +26,43 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from workers.launch import LaunchError, dropped_user_keys
 from workers.launchers import Launcher, Run, describe_exit
+from workers.outbox import AttemptJournal, JournalEntry
 from workers.protocol import (
     LOG_CHUNK_MAX_BYTES,
     Finished,
-    JobRef,
     Launch,
     LogChunk,
-    Message,
+    Query,
+    Report,
+    RunningAttempt,
     Started,
     Stop,
 )
 
 log = logging.getLogger(__name__)
 
-OUTCOME_FOR_STOP = {"cancel": "cancelled", "preempt": "preempted", "time_limit": "timed_out"}
-# Finished attempts are remembered so a late duplicate launch does not run them again.
+# Why an attempt was stopped -> the outcome reported. "fence" and "shutdown" are the agent's
+# own reasons; the others come with a stop message.
+OUTCOME_FOR_STOP = {
+    "cancel": "cancelled",
+    "preempt": "preempted",
+    "time_limit": "timed_out",
+    "fence": "fenced",
+    "shutdown": "preempted",
+    "superseded": "preempted",
+}
+# Attempts kept in memory once ended (the journal on disk remembers longer).
 REMEMBERED_ATTEMPTS = 10_000
 # How long to wait for the rest of the output once the attempt exited.
 OUTPUT_DRAIN_S = 10.0
 
 Key = tuple[int, int]
-Send = Callable[[Message], None]
+Reporter = Callable[[Report], bool]
 
 
 def utf8_pieces(text: str, max_bytes: int = LOG_CHUNK_MAX_BYTES) -> Iterator[str]:
@@ -56,23 +77,44 @@ def utf8_pieces(text: str, max_bytes: int = LOG_CHUNK_MAX_BYTES) -> Iterator[str
 
 
 class LogShipper:
-    """Turns an attempt's raw output into numbered `log` messages of valid UTF-8 text."""
+    """Turns an attempt's raw output into numbered `log` messages of valid UTF-8 text.
 
-    def __init__(self, emit: Callable[[int, str], None]) -> None:
+    `emit(seq, text)` returns False when the outbox refused the chunk (its bound for one
+    attempt is reached): the shipper then says so once in the log and drops the rest.
+    """
+
+    def __init__(self, emit: Callable[[int, str], bool]) -> None:
         self._emit = emit
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.seq = 0
+        self.dropped_bytes = 0
+        self._full = False
 
     def text(self, text: str) -> None:
         for piece in utf8_pieces(text):
-            self._emit(self.seq, piece)
-            self.seq += 1
+            if self._full:
+                self.dropped_bytes += len(piece.encode())
+                continue
+            if self._emit(self.seq, piece):
+                self.seq += 1
+            else:
+                self._full = True
+                self.dropped_bytes += len(piece.encode())
 
     def feed(self, data: bytes) -> None:
         self.text(self._decoder.decode(data))
 
     def close(self) -> None:
         self.text(self._decoder.decode(b"", final=True))
+        if self.dropped_bytes:
+            note = (
+                f"\n[agent] {self.dropped_bytes} bytes of output dropped: the outbox bound "
+                "for one attempt (PORTAL_AGENT_OUTBOX_LOG_MB) was reached while the portal "
+                "was out of reach\n"
+            )
+            self._full = False
+            if self._emit(self.seq, note[:1000]):
+                self.seq += 1
 
 
 @dataclass
@@ -85,6 +127,7 @@ class Attempt:
     stop_reason: str | None = None
     stop_grace_s: float = 0.0
     stop_note: str = ""
+    log_chunks: int = 0
 
 
 class Supervisor:
@@ -93,15 +136,19 @@ class Supervisor:
         *,
         node: str,
         launcher: Launcher,
-        send: Send,
+        report: Reporter,
+        journal: AttemptJournal,
         kill_grace_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        may_launch: Callable[[], bool] = lambda: True,
     ) -> None:
         self.node = node
         self.launcher = launcher
-        self._send = send
+        self._report = report
+        self.journal = journal
         self.kill_grace_s = kill_grace_s
         self._clock = clock
+        self._may_launch = may_launch
         self._lock = threading.Lock()
         self._attempts: OrderedDict[Key, Attempt] = OrderedDict()
         self._threads: dict[Key, threading.Thread] = {}
@@ -112,56 +159,129 @@ class Supervisor:
     def launch(self, msg: Launch) -> None:
         """Start the attempt on a supervision thread and return at once."""
         key = (msg.job_id, msg.attempt)
+        older: list[Attempt] = []
         with self._lock:
             attempt = self._attempts.get(key)
-            if attempt is None and not self._shutting_down:
-                attempt = self._remember(Attempt(key=key, launch=msg))
-                thread = threading.Thread(
-                    target=self._supervise, args=(attempt,), name=f"job-{key[0]}-{key[1]}"
-                )
-                self._threads[key] = thread
-                thread.start()
-                return
-        if attempt is None:
-            log.warning("agent shutting down: launch of job %s attempt %s refused", *key)
-            return
+            if attempt is None:
+                known = self.journal.get(key)
+                if known is not None:
+                    # Ended in an earlier run of the agent, or a tombstone: never again.
+                    attempt = self._remember(_from_journal(known))
+                else:
+                    highest = self.journal.highest_attempt(msg.job_id)
+                    if highest is not None and msg.attempt < highest:
+                        attempt = self._remember(Attempt(key=key, launch=None))
+                        attempt.finished = self._finished(
+                            key,
+                            exit_code=None,
+                            outcome="superseded",
+                            error=f"attempt {highest} of this job was seen on {self.node} first",
+                        )
+                        self.journal.record_finished(attempt.finished)
+                    elif self._shutting_down or not self._may_launch():
+                        log.warning(
+                            "job %s attempt %s: launch refused (%s); the portal sends it again",
+                            *key,
+                            "agent shutting down" if self._shutting_down else "no lease",
+                        )
+                        return
+                    else:
+                        self.journal.record_launch(msg)
+                        attempt = self._remember(Attempt(key=key, launch=msg))
+                        older = [
+                            a
+                            for a in self._attempts.values()
+                            if a.key[0] == msg.job_id and a.key[1] < msg.attempt and a.run
+                        ]
+                        thread = threading.Thread(
+                            target=self._supervise,
+                            args=(attempt, older),
+                            name=f"job-{key[0]}-{key[1]}",
+                        )
+                        self._threads[key] = thread
+                        thread.start()
+                        return
         log.info("job %s attempt %s launched again: re-reporting its state", *key)
         self._report_current(attempt)
 
     def stop(self, msg: Stop) -> None:
-        key = (msg.job_id, msg.attempt)
+        self._stop(msg.job_id, msg.attempt, msg.reason, msg.grace_s, note="")
+
+    def _stop(self, job_id: int, attempt_no: int, reason: str, grace_s: float, note: str) -> None:
+        key = (job_id, attempt_no)
         to_terminate: Run | None = None
         with self._lock:
             attempt = self._attempts.get(key)
             if attempt is None:
-                attempt = self._remember(Attempt(key=key, launch=None))
-                attempt.finished = self._finished(
-                    key,
-                    exit_code=None,
-                    outcome=OUTCOME_FOR_STOP[msg.reason],
-                    error=f"stopped ({msg.reason}) before it started on {self.node}",
+                known = self.journal.get(key)
+                attempt = self._remember(
+                    _from_journal(known) if known else Attempt(key=key, launch=None)
                 )
+                if attempt.finished is None and attempt.launch is None:
+                    attempt.finished = self._finished(
+                        key,
+                        exit_code=None,
+                        outcome=OUTCOME_FOR_STOP[reason],
+                        error=f"stopped ({reason}) before it started on {self.node}",
+                    )
+                    self.journal.record_finished(attempt.finished)
             elif (
                 attempt.finished is None
                 and attempt.stop_reason is None
                 and (attempt.run is None or not attempt.run.has_exited())
             ):
                 # An attempt that already exited keeps its own outcome.
-                attempt.stop_reason = msg.reason
-                attempt.stop_grace_s = msg.grace_s
+                attempt.stop_reason = reason
+                attempt.stop_grace_s = grace_s
+                attempt.stop_note = note
                 # A starting attempt has no run yet: its thread sees stop_reason instead.
                 to_terminate = attempt.run
             finished = attempt.finished
         if to_terminate is not None:
-            to_terminate.terminate(msg.grace_s)
+            to_terminate.terminate(grace_s)
         if finished is not None:
-            self._send_safely(finished)
+            self._report(finished)
 
-    def running(self) -> list[JobRef]:
-        """Attempts started here and not finished: the heartbeat's `running` list."""
+    def query(self, msg: Query) -> None:
+        """Re-report what this node knows of the attempt; with no record of it, say so
+        (`unknown`) and make sure it never runs here."""
+        key = (msg.job_id, msg.attempt)
+        with self._lock:
+            attempt = self._attempts.get(key)
+            if attempt is None:
+                known = self.journal.get(key)
+                if known is not None:
+                    attempt = self._remember(_from_journal(known))
+                else:
+                    attempt = self._remember(Attempt(key=key, launch=None))
+                    attempt.finished = self._finished(
+                        key,
+                        exit_code=None,
+                        outcome="unknown",
+                        error=f"{self.node} has no record of this attempt; it will not run it",
+                    )
+                    self.journal.record_finished(attempt.finished)
+        self._report_current(attempt)
+
+    def fence(self, why: str, grace_s: float) -> int:
+        """Stop every running attempt now (the lease lapsed); returns how many."""
+        stopped = 0
+        for ref in self.running():
+            self._stop(ref.job_id, ref.attempt, "fence", grace_s, note=f"fenced: {why}")
+            stopped += 1
+        return stopped
+
+    def running(self) -> list[RunningAttempt]:
+        """Attempts accepted here and not finished: the heartbeat's `running` list."""
         with self._lock:
             return [
-                JobRef(job_id=a.key[0], attempt=a.key[1])
+                RunningAttempt(
+                    job_id=a.key[0],
+                    attempt=a.key[1],
+                    started_at=a.started.started_at if a.started else None,
+                    pid=a.started.pid if a.started else None,
+                    container_id=a.started.container_id if a.started else None,
+                )
                 for a in self._attempts.values()
                 if a.launch is not None and a.finished is None
             ]
@@ -175,6 +295,42 @@ class Supervisor:
                 if a.launch is not None and a.started is not None and a.finished is None
             ]
 
+    def recover(self, adopted: Mapping[Key, Run]) -> None:
+        """After a restart: supervise the attempts the launcher still has (`adopted`), and
+        report the other attempts the journal says were running as `lost`."""
+        for entry in self.journal.unfinished():
+            key = (entry.job_id, entry.attempt)
+            assert entry.launch is not None
+            run = adopted.get(key)
+            with self._lock:
+                attempt = self._remember(Attempt(key=key, launch=entry.launch))
+                if entry.started_at is not None:
+                    attempt.started = Started(
+                        node=self.node,
+                        job_id=key[0],
+                        attempt=key[1],
+                        started_at=entry.started_at,
+                        pid=entry.pid,
+                        container_id=entry.container_id,
+                    )
+            if run is None:
+                log.warning("job %s attempt %s did not survive the agent's restart", *key)
+                self._finish(
+                    attempt,
+                    None,
+                    "lost",
+                    f"the agent on {self.node} restarted and the attempt did not survive it",
+                )
+                continue
+            log.info("job %s attempt %s adopted again after the agent's restart", *key)
+            thread = threading.Thread(
+                target=self._supervise_adopted, args=(attempt, run), name=f"job-{key[0]}-{key[1]}"
+            )
+            with self._lock:
+                attempt.run = run
+                self._threads[key] = thread
+            thread.start()
+
     def shutdown(self, grace_s: float | None = None) -> None:
         """Stop every running attempt (reported as preempted, so the portal requeues it)
         and wait for their supervision threads."""
@@ -184,7 +340,7 @@ class Supervisor:
             runs: list[Run] = []
             for attempt in self._attempts.values():
                 if attempt.finished is None and attempt.stop_reason is None:
-                    attempt.stop_reason = "preempt"
+                    attempt.stop_reason = "shutdown"
                     attempt.stop_grace_s = grace
                     attempt.stop_note = f"agent on {self.node} shut down"
                     if attempt.run is not None:
@@ -205,8 +361,9 @@ class Supervisor:
 
     # --- supervision (one thread per attempt) -----------------------------------------------
 
-    def _supervise(self, attempt: Attempt) -> None:
+    def _supervise(self, attempt: Attempt, older: list[Attempt]) -> None:
         try:
+            self._end_older(attempt, older)
             self._run_attempt(attempt)
         except Exception as exc:  # never leave an attempt without a `finished`
             log.exception("supervising job %s attempt %s failed", *attempt.key)
@@ -214,6 +371,33 @@ class Supervisor:
         finally:
             with self._lock:
                 self._threads.pop(attempt.key, None)
+
+    def _supervise_adopted(self, attempt: Attempt, run: Run) -> None:
+        try:
+            assert attempt.launch is not None
+            self._watch(attempt, attempt.launch, run, log_from=_adopted_log_seq(run))
+        except Exception as exc:
+            log.exception("supervising adopted job %s attempt %s failed", *attempt.key)
+            self._finish(attempt, None, "lost", f"agent error after adoption: {exc}")
+        finally:
+            with self._lock:
+                self._threads.pop(attempt.key, None)
+
+    def _end_older(self, attempt: Attempt, older: list[Attempt]) -> None:
+        """A newer attempt of the same job arrived: the older one stops first, and the new one
+        starts only once it has ended."""
+        for old in older:
+            log.warning("job %s: attempt %s superseded by attempt %s", old.key[0], old.key[1], attempt.key[1])
+            self._stop(
+                *old.key,
+                "superseded",
+                self.kill_grace_s,
+                note=f"superseded by attempt {attempt.key[1]}",
+            )
+            with self._lock:
+                thread = self._threads.get(old.key)
+            if thread is not None:
+                thread.join(self.kill_grace_s + OUTPUT_DRAIN_S)
 
     def _run_attempt(self, attempt: Attempt) -> None:
         launch = attempt.launch
@@ -229,37 +413,45 @@ class Supervisor:
             log.warning("job %s attempt %s did not start: %s", *attempt.key, exc)
             self._finish(attempt, None, "launch_error", _describe_error(exc))
             return
+        started = Started(
+            node=self.node,
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            started_at=self._clock(),
+            pid=run.pid,
+            container_id=run.container_id,
+        )
+        self.journal.record_started(
+            attempt.key, at=started.started_at, pid=run.pid, container=run.container_id
+        )
         with self._lock:
             attempt.run = run
-            attempt.started = Started(
-                node=self.node,
-                job_id=launch.job_id,
-                attempt=launch.attempt,
-                started_at=self._clock(),
-                pid=run.pid,
-                container_id=run.container_id,
-            )
+            attempt.started = started
             stop_now = attempt.stop_reason is not None
-        self._send_safely(attempt.started)
+        self._report(started)
         if stop_now:
             run.terminate(attempt.stop_grace_s)
-        self._watch(attempt, launch, run)
+        self._watch(attempt, launch, run, log_from=0)
 
-    def _watch(self, attempt: Attempt, launch: Launch, run: Run) -> None:
+    def _watch(self, attempt: Attempt, launch: Launch, run: Run, *, log_from: int) -> None:
         timer = None
         if launch.time_limit_s is not None:
+            started_at = attempt.started.started_at if attempt.started else self._clock()
+            left = max(0.0, launch.time_limit_s - (self._clock() - started_at))
             stop = Stop(
+                node=self.node,
                 job_id=launch.job_id,
                 attempt=launch.attempt,
                 reason="time_limit",
                 grace_s=self.kill_grace_s,
             )
-            timer = threading.Timer(launch.time_limit_s, self.stop, (stop,))
+            timer = threading.Timer(left, self.stop, (stop,))
             timer.daemon = True
             timer.start()
         shipper = LogShipper(lambda seq, text: self._ship_log(launch, seq, text))
+        shipper.seq = log_from
         dropped = dropped_user_keys(launch)
-        if dropped:
+        if dropped and log_from == 0:
             shipper.text(
                 f"[agent] ignored env set by the agent for the slice: {', '.join(dropped)}\n"
             )
@@ -270,7 +462,13 @@ class Supervisor:
             timer.cancel()
         run.reap()
         reader.join(OUTPUT_DRAIN_S)
+        attempt.log_chunks = shipper.seq
+        fenced = _fenced_reason(run)
         run.release()
+        if fenced and attempt.stop_reason is None:
+            # The job's own watcher stopped it (the agent was frozen or slow to notice).
+            attempt.stop_reason = "fence"
+            attempt.stop_note = f"fenced: {fenced}"
         if attempt.stop_reason is not None:
             self._finish_stopped(attempt, exit_code)
         elif exit_code == 0:
@@ -287,8 +485,8 @@ class Supervisor:
         finally:
             shipper.close()
 
-    def _ship_log(self, launch: Launch, seq: int, text: str) -> None:
-        self._send_safely(
+    def _ship_log(self, launch: Launch, seq: int, text: str) -> bool:
+        return self._report(
             LogChunk(
                 node=self.node, job_id=launch.job_id, attempt=launch.attempt, seq=seq, data=text
             )
@@ -311,8 +509,12 @@ class Supervisor:
                 outcome=outcome,
                 error=error,
                 started_at=attempt.started.started_at if attempt.started else None,
+                log_chunks=attempt.log_chunks,
             )
-        self._send_safely(attempt.finished)
+            finished = attempt.finished
+        # Journal first: once the report may leave, a restart must know the attempt ended.
+        self.journal.record_finished(finished)
+        self._report(finished)
 
     def _finished(
         self,
@@ -322,6 +524,7 @@ class Supervisor:
         outcome: str,
         error: str,
         started_at: float | None = None,
+        log_chunks: int = 0,
     ) -> Finished:
         return Finished(
             node=self.node,
@@ -330,22 +533,15 @@ class Supervisor:
             exit_code=exit_code,
             outcome=outcome,  # type: ignore[arg-type]
             finished_at=self._clock(),
-            error=error,
+            error=error[:2000],
             started_at=started_at,
+            log_chunks=log_chunks,
         )
 
     def _report_current(self, attempt: Attempt) -> None:
         message = attempt.finished or attempt.started
         if message is not None:  # still starting: `started` follows on its own
-            self._send_safely(message)
-
-    def _send_safely(self, message: Message) -> None:
-        # A lost report is recovered by heartbeats and re-sent launches; it must not kill
-        # the supervision thread.
-        try:
-            self._send(message)
-        except Exception:
-            log.exception("sending %s for job %s failed", message.TYPE, message.job_id)  # type: ignore[union-attr]
+            self._report(message)
 
     def _remember(self, attempt: Attempt) -> Attempt:
         self._attempts[attempt.key] = attempt
@@ -355,6 +551,23 @@ class Supervisor:
                 break  # never forget a running attempt
             del self._attempts[oldest_key]
         return attempt
+
+
+def _from_journal(entry: JournalEntry) -> Attempt:
+    attempt = Attempt(key=(entry.job_id, entry.attempt), launch=entry.launch)
+    attempt.finished = entry.finished
+    return attempt
+
+
+def _fenced_reason(run: Run) -> str | None:
+    fenced = getattr(run, "fenced", None)
+    return fenced() if callable(fenced) else None
+
+
+def _adopted_log_seq(run: Run) -> int:
+    """Where an adopted run's log numbering continues (launchers that can adopt say so)."""
+    seq = getattr(run, "log_seq_from", 0)
+    return int(seq) if isinstance(seq, int) else 0
 
 
 def _describe_error(exc: Exception) -> str:

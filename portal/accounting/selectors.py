@@ -1,19 +1,17 @@
-"""Reads of usage: decayed balances, what is held now, GPU-hours of the budget period."""
+"""Reads of usage: decayed balances and GPU-hours of the budget period.
+
+What teams hold *now* is read from their jobs' allocations (``portal.jobs.selectors``):
+accounting sits below jobs in the app order, because ending an attempt charges it here.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import UTC, datetime
-from typing import Any
 
 from django.db.models import Sum
 
 from portal.accounting.models import UsageBalance, UsageRecord
-from portal.accounting.usage import balance_at, hold_charge
-from portal.cluster.models import Allocation
-from portal.jobs.models import HOLDING_STATES
-from portal.tenants.models import Team
-from scheduler.units import billed_units
+from portal.accounting.usage import balance_at
 
 
 def budget_period_start(now: datetime) -> datetime:
@@ -50,47 +48,3 @@ def gpu_hours_in_period(*, now: datetime, team_id: int | None = None) -> dict[in
         rows = rows.filter(team_id=team_id)
     totals = rows.values("team_id").annotate(total=Sum("unit_seconds"))
     return {row["team_id"]: (row["total"] or 0.0) / 3600.0 for row in totals}
-
-
-def team_usage(*, team: Team, now: datetime) -> dict[str, Any]:
-    """A team's usage as fair share and its page see it at ``now``.
-
-    ``decayed_unit_seconds`` includes what its running jobs used so far; ``units_in_use`` is
-    what it holds now (raw GPU units); ``gpu_hours_this_month`` counts the budget period.
-    """
-    from portal.scheduling.config import scheduler_config
-
-    config = scheduler_config()
-    half_life = config.usage_half_life_s
-    at = now.timestamp()
-    period_start = budget_period_start(now).timestamp()
-    balance = UsageBalance.objects.filter(team=team, user__isnull=True).first()
-    decayed = (
-        balance_at(balance.unit_seconds, balance.as_of.timestamp(), at, half_life)
-        if balance
-        else 0.0
-    )
-    held = Allocation.objects.filter(
-        released_at__isnull=True, job__team=team, job__state__in=HOLDING_STATES
-    ).values_list("job_id", "slice__units", "slice__gpu__model", "created_at")
-    raw_units = 0.0
-    billed_by_job: dict[int, float] = defaultdict(float)
-    held_from: dict[int, float] = {}
-    for job_id, units, model, created_at in held:
-        raw_units += units
-        billed_by_job[job_id] += billed_units(units, model, config.model_weights)
-        held_from[job_id] = created_at.timestamp()
-    running_hours = 0.0
-    for job_id, units in billed_by_job.items():
-        decayed += hold_charge(units, held_from[job_id], at)
-        running_hours += units * max(0.0, at - max(held_from[job_id], period_start)) / 3600.0
-    finished_hours = gpu_hours_in_period(now=now, team_id=team.pk).get(team.pk, 0.0)
-    return {
-        "team": team.name,
-        "as_of": now,
-        "decayed_unit_seconds": decayed,
-        "half_life_s": half_life,
-        "units_in_use": raw_units,
-        "gpu_hours_this_month": finished_hours + running_hours,
-        "budget_gpu_hours": team.budget_gpu_hours,
-    }

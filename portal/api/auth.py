@@ -7,6 +7,8 @@ from typing import Any
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication, get_authorization_header
 
+from portal.tenants.tokens import token_find
+
 HOW_TO = (
     "send the header 'Authorization: Token <key>'; "
     "get a key with `python manage.py issue_token <username>`"
@@ -46,13 +48,12 @@ class PortalTokenAuthentication(TokenAuthentication):
         return self.authenticate_credentials(key)
 
     def authenticate_credentials(self, key: str) -> tuple[Any, Any]:
-        model = self.get_model()
-        try:
-            token = model.objects.select_related("user").get(key=key)
-        except model.DoesNotExist:
+        # Only the key's digest is stored (portal/tenants/tokens.py).
+        token = token_find(key=key)
+        if token is None:
             raise exceptions.AuthenticationFailed(
                 "Authorization header: unknown or revoked token; " + HOW_TO
-            ) from None
+            )
         if not token.user.is_active:
             raise exceptions.AuthenticationFailed(
                 "Authorization header: the token's user is inactive"

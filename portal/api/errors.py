@@ -17,12 +17,21 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from portal.api.auth import HOW_TO
+from portal.api.outage import DATABASE_UNAVAILABLE, database_unavailable, log_outage
 from portal.jobs.services import JobActionError
 from portal.jobs.validation import JobRequestError
 from portal.tenants.services import QuotaError
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if database_unavailable(exc):
+        unavailable = Response(
+            {"errors": {"detail": DATABASE_UNAVAILABLE}},
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": "5"},
+        )
+        log_outage(request=context["request"], response=unavailable, exc=exc)
+        return unavailable
     if isinstance(exc, JobRequestError | QuotaError):
         return Response({"errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, JobActionError):
@@ -49,6 +58,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         }
     elif isinstance(exc, exceptions.ParseError):
         response.data = {"errors": {"detail": f"{exc.detail}; send a JSON object"}}
+    elif isinstance(exc, exceptions.Throttled):
+        wait = f"; try again in {int(exc.wait)} s" if exc.wait is not None else ""
+        response.data = {"errors": {"detail": f"too many requests for this user or token{wait}"}}
     elif isinstance(exc, exceptions.ValidationError):
         response.data = {"errors": flatten(exc.detail)}
     else:

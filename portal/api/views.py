@@ -10,7 +10,6 @@ from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
@@ -19,6 +18,7 @@ from rest_framework.views import APIView
 
 from portal.api.auth import PortalTokenAuthentication
 from portal.api.errors import api_exception_handler
+from portal.api.guards import PortalJSONParser, check_query_params
 from portal.api.serializers import (
     ErrorSerializer,
     JobDetailSerializer,
@@ -29,11 +29,11 @@ from portal.api.serializers import (
     TeamOverviewSerializer,
 )
 from portal.jobs.models import Job, JobState
-from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log
+from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log, team_overviews
 from portal.jobs.services import job_cancel, job_submit
 from portal.jobs.validation import validate_job_request
 from portal.tenants.models import Team
-from portal.tenants.selectors import can_admin_team, is_site_admin, team_overviews, teams_for_user
+from portal.tenants.selectors import can_admin_team, is_site_admin, teams_for_user
 from portal.tenants.services import quota_update
 
 ERRORS = {
@@ -49,11 +49,18 @@ class PortalAPIView(APIView):
 
     authentication_classes = [PortalTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
-    parser_classes = [JSONParser]
+    # JSON, with no NUL, lone surrogate or absurd nesting anywhere in it (portal/api/guards.py).
+    parser_classes = [PortalJSONParser]
     renderer_classes = [JSONRenderer]
 
     def get_exception_handler(self) -> Any:
         return api_exception_handler
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Before authentication: a bad query string or path is refused whoever sends it.
+        check_query_params(request.query_params)
+        check_query_params(kwargs)
+        super().initial(request, *args, **kwargs)
 
 
 def _job_for(request: Request, job_id: int) -> Job:

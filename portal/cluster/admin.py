@@ -1,7 +1,7 @@
-"""Nodes, GPUs and slices as the agents registered them, and who holds which slice.
+"""Nodes, GPUs and slices as the agents registered them.
 
-Inventory comes from the agents and allocations from the scheduler, so these pages are for
-looking; the one operator action is draining a node (guarded, like every state change).
+Inventory comes from the agents, so these pages are for looking; the one operator action is
+draining a node (guarded, like every state change).
 """
 
 from __future__ import annotations
@@ -10,10 +10,13 @@ from typing import Any
 
 from django.contrib import admin, messages
 
-from portal.cluster.models import Allocation, Dispatch, Gpu, JobMetrics, Node, Slice
+from portal.cluster.models import Gpu, Node, Slice
+from portal.passes import schedule_pass_on_commit
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
+    """For rows the portal writes (inventory, allocations, sends): look, never edit."""
+
     def has_add_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
@@ -60,8 +63,6 @@ class NodeAdmin(admin.ModelAdmin):
     def undrain(self, request: Any, queryset: Any) -> None:
         changed = queryset.filter(state=Node.State.DRAINED).update(state=Node.State.READY)
         if changed:
-            from portal.scheduling.triggers import schedule_pass_on_commit
-
             schedule_pass_on_commit()
         self.message_user(request, f"{changed} node(s) back in scheduling", messages.SUCCESS)
 
@@ -80,27 +81,3 @@ class SliceAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "profile", "present"]
     search_fields = ["key", "mig_uuid", "gpu__uuid", "gpu__node__name"]
     list_select_related = ["gpu__node"]
-
-
-@admin.register(Allocation)
-class AllocationAdmin(ReadOnlyAdmin):
-    list_display = ["job", "attempt", "slice", "created_at", "released_at"]
-    list_filter = [("released_at", admin.EmptyFieldListFilter)]
-    search_fields = ["=job__id", "slice__key"]
-    list_select_related = ["job", "slice"]
-    date_hierarchy = "created_at"
-
-
-@admin.register(Dispatch)
-class DispatchAdmin(ReadOnlyAdmin):
-    list_display = ["job", "attempt", "kind", "sends", "first_sent_at", "last_sent_at"]
-    list_filter = ["kind"]
-    search_fields = ["=job__id"]
-    list_select_related = ["job"]
-
-
-@admin.register(JobMetrics)
-class JobMetricsAdmin(ReadOnlyAdmin):
-    list_display = ["job", "attempt", "gpu_util_pct", "memory_used_mb", "sampled_at"]
-    search_fields = ["=job__id"]
-    list_select_related = ["job"]

@@ -1,4 +1,4 @@
-"""GPU hosts as their agents describe them, their slices, and who holds which slice."""
+"""GPU hosts as their agents describe them, their GPUs and the slices those offer."""
 
 from __future__ import annotations
 
@@ -70,71 +70,3 @@ class Slice(models.Model):
 
     def __str__(self) -> str:
         return self.key
-
-
-class Allocation(models.Model):
-    """A job's hold on a slice for one attempt; released_at is set when the hold ends."""
-
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="allocations")
-    attempt = models.PositiveIntegerField()
-    slice = models.ForeignKey(Slice, on_delete=models.PROTECT, related_name="allocations")
-    created_at = models.DateTimeField()
-    released_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        constraints = [
-            # Even if two scheduling passes raced, a slice can never be booked twice.
-            models.UniqueConstraint(
-                fields=["slice"],
-                condition=models.Q(released_at__isnull=True),
-                name="one_active_allocation_per_slice",
-            ),
-        ]
-        indexes = [models.Index(fields=["job", "attempt"])]
-
-    def __str__(self) -> str:
-        return f"job {self.job_id}#{self.attempt} on {self.slice_id}"
-
-
-class Dispatch(models.Model):
-    """The last time a launch or stop of one attempt was sent to its agent.
-
-    Messages can be lost; the reaper re-sends a launch or a stop that got no answer, and this
-    row keeps it from re-sending on every beat.
-    """
-
-    class Kind(models.TextChoices):
-        LAUNCH = "launch"
-        STOP = "stop"
-
-    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="dispatches")
-    attempt = models.PositiveIntegerField()
-    kind = models.CharField(max_length=8, choices=Kind.choices)
-    first_sent_at = models.DateTimeField()
-    last_sent_at = models.DateTimeField()
-    sends = models.PositiveIntegerField(default=1)
-
-    class Meta:
-        ordering = ["-last_sent_at"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["job", "attempt", "kind"], name="one_dispatch_per_attempt_kind"
-            )
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.kind} job {self.job_id}#{self.attempt} x{self.sends}"
-
-
-class JobMetrics(models.Model):
-    """The latest GPU-use sample of a job's current attempt, as its agent reported it."""
-
-    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="metrics")
-    attempt = models.PositiveIntegerField()
-    gpu_util_pct = models.FloatField(null=True, blank=True, help_text="null: NVML cannot tell")
-    memory_used_mb = models.PositiveIntegerField()
-    sampled_at = models.DateTimeField()
-
-    def __str__(self) -> str:
-        return f"metrics of job {self.job_id}#{self.attempt}"

@@ -7,7 +7,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 
-from portal.jobs.models import Job, JobDependency, JobEvent, JobLogChunk
+from portal.cluster.admin import ReadOnlyAdmin
+from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk
 from portal.jobs.services import JobActionError, job_cancel
 
 # Owned by the state machine, the scheduler and the agents' reports: never typed in by hand.
@@ -157,3 +158,12 @@ class JobLogChunkAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(Allocation)
+class AllocationAdmin(ReadOnlyAdmin):
+    list_display = ["job", "attempt", "slice", "created_at", "released_at"]
+    list_filter = [("released_at", admin.EmptyFieldListFilter)]
+    search_fields = ["=job__id", "slice__key"]
+    list_select_related = ["job", "slice"]
+    date_hierarchy = "created_at"

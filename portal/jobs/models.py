@@ -1,4 +1,4 @@
-"""Jobs, their history of state changes, their dependencies and their output."""
+"""Jobs, their history of state changes, their dependencies, their output and their slices."""
 
 from __future__ import annotations
 
@@ -148,3 +148,30 @@ class JobLogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id}#{self.attempt} log {self.seq}"
+
+
+class Allocation(models.Model):
+    """A job's hold on a slice for one attempt; released_at is set when the hold ends."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    slice = models.ForeignKey("cluster.Slice", on_delete=models.PROTECT, related_name="allocations")
+    created_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # Born in the cluster app; the table kept its name when the model moved here.
+        db_table = "cluster_allocation"
+        ordering = ["-created_at"]
+        constraints = [
+            # Even if two scheduling passes raced, a slice can never be booked twice.
+            models.UniqueConstraint(
+                fields=["slice"],
+                condition=models.Q(released_at__isnull=True),
+                name="one_active_allocation_per_slice",
+            ),
+        ]
+        indexes = [models.Index(fields=["job", "attempt"], name="cluster_all_job_id_8be6fa_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}#{self.attempt} on {self.slice_id}"

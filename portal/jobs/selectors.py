@@ -1,15 +1,23 @@
-"""Reads about jobs, always through what the asking user may see."""
+"""Reads about jobs (always through what the asking user may see), and about what teams'
+jobs hold now: a team's overview and its usage including its running holds."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet, Sum
 
-from portal.jobs.models import Job, JobLogChunk
-from portal.tenants.models import Team
+from portal.accounting.models import UsageBalance
+from portal.accounting.selectors import budget_period_start, gpu_hours_in_period
+from portal.accounting.usage import balance_at, hold_charge
+from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobLogChunk, JobState
+from portal.policy import scheduler_config
+from portal.tenants.models import Membership, Team
 from portal.tenants.selectors import teams_for_user
+from scheduler.units import billed_units
 
 
 def job_list_for_user(
@@ -50,8 +58,6 @@ def job_log(*, job: Job, attempt: int | None = None) -> str:
 
 def job_slices(*, job: Job) -> list[dict[str, Any]]:
     """The slices the job's latest attempt holds (or held), for people and the API."""
-    from portal.cluster.models import Allocation
-
     allocations = (
         Allocation.objects.filter(job=job, attempt=job.attempt)
         .select_related("slice__gpu__node")
@@ -72,3 +78,101 @@ def job_slices(*, job: Job) -> list[dict[str, Any]]:
         }
         for allocation in allocations
     ]
+
+
+# --- teams: what their jobs hold ------------------------------------------------------------
+
+
+def team_overview(*, team: Team) -> dict[str, Any]:
+    """Quota, what the team holds now, its job counts and its members."""
+    return team_overviews(teams=[team])[0]
+
+
+def team_overviews(*, teams: Iterable[Team]) -> list[dict[str, Any]]:
+    """``team_overview`` for many teams in a fixed number of queries (three), not per team."""
+    teams = list(teams)
+    ids = [team.pk for team in teams]
+    units_in_use = dict(
+        Allocation.objects.filter(job__team_id__in=ids, released_at__isnull=True)
+        .values("job__team_id")
+        .annotate(units=Sum("slice__units"))
+        .values_list("job__team_id", "units")
+    )
+    counts = {
+        row["team_id"]: row
+        for row in Job.objects.filter(team_id__in=ids)
+        .values("team_id")
+        .annotate(
+            running=Count("id", filter=Q(state__in=[JobState.ASSIGNED, JobState.RUNNING])),
+            pending=Count("id", filter=Q(state=JobState.PENDING)),
+            held=Count("id", filter=Q(state=JobState.HELD)),
+        )
+    }
+    members: dict[int, list[dict[str, str]]] = defaultdict(list)
+    for team_id, username, role in Membership.objects.filter(team_id__in=ids).values_list(
+        "team_id", "user__username", "role"
+    ):
+        members[team_id].append({"username": username, "role": role})
+    overviews = []
+    for team in teams:
+        row = counts.get(team.pk, {})
+        overviews.append(
+            {
+                "name": team.name,
+                "description": team.description,
+                "weight": team.weight,
+                "guaranteed_units": team.guaranteed_units,
+                "limit_units": team.limit_units,
+                "max_priority": team.max_priority,
+                "member_limit_units": team.member_limit_units,
+                "budget_gpu_hours": team.budget_gpu_hours,
+                "units_in_use": round(units_in_use.get(team.pk) or 0.0, 6),
+                "running_jobs": row.get("running", 0),
+                "pending_jobs": row.get("pending", 0),
+                "held_jobs": row.get("held", 0),
+                "members": sorted(members[team.pk], key=lambda m: m["username"]),
+            }
+        )
+    return overviews
+
+
+def team_usage(*, team: Team, now: datetime) -> dict[str, Any]:
+    """A team's usage as fair share and its page see it at ``now``.
+
+    ``decayed_unit_seconds`` includes what its running jobs used so far; ``units_in_use`` is
+    what it holds now (raw GPU units); ``gpu_hours_this_month`` counts the budget period.
+    """
+    config = scheduler_config()
+    half_life = config.usage_half_life_s
+    at = now.timestamp()
+    period_start = budget_period_start(now).timestamp()
+    balance = UsageBalance.objects.filter(team=team, user__isnull=True).first()
+    decayed = (
+        balance_at(balance.unit_seconds, balance.as_of.timestamp(), at, half_life)
+        if balance
+        else 0.0
+    )
+    held = Allocation.objects.filter(
+        released_at__isnull=True, job__team=team, job__state__in=HOLDING_STATES
+    ).values_list("job_id", "slice__units", "slice__gpu__model", "created_at")
+    raw_units = 0.0
+    billed_by_job: dict[int, float] = defaultdict(float)
+    held_from: dict[int, float] = {}
+    for job_id, units, model, created_at in held:
+        raw_units += units
+        billed_by_job[job_id] += billed_units(units, model, config.model_weights)
+        held_from[job_id] = created_at.timestamp()
+    running_hours = 0.0
+    for job_id, units in billed_by_job.items():
+        decayed += hold_charge(units, held_from[job_id], at)
+        running_hours += units * max(0.0, at - max(held_from[job_id], period_start)) / 3600.0
+    finished_hours = gpu_hours_in_period(now=now, team_id=team.pk).get(team.pk, 0.0)
+    return {
+        "team": team.name,
+        "as_of": now,
+        "decayed_unit_seconds": decayed,
+        "half_life_s": half_life,
+        "units_in_use": raw_units,
+        "gpu_hours_this_month": finished_hours + running_hours,
+        "budget_gpu_hours": team.budget_gpu_hours,
+    }

@@ -2,13 +2,13 @@
 
 Every state change goes through ``portal.jobs.transitions.transition`` (a guarded UPDATE plus
 an event). Scheduling never happens here: a submit asks for a pass after commit, and a cancel
-of a running job asks the agent to stop it after commit; the agent's ``finished`` report
-moves the job to CANCELLED and frees its slices.
+of a running job asks its attempt to stop (``portal.jobs.attempts``) and the agent to stop
+it after commit; the agent's ``finished`` report moves the job to CANCELLED and frees its
+slices.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -16,10 +16,12 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 
-from portal.jobs.models import HOLDING_STATES, Job, JobDependency, JobEvent, JobState
-from portal.jobs.transitions import record_event, transition
+from portal import agent_messages
+from portal.jobs.attempts import StopAsked, attempt_request_stop
+from portal.jobs.models import HOLDING_STATES, Job, JobDependency, JobState
+from portal.jobs.transitions import record_submission, transition
 from portal.jobs.validation import JobRequest
-from portal.scheduling.triggers import schedule_pass_on_commit
+from portal.passes import schedule_pass_on_commit
 from portal.tenants.models import Membership
 from portal.tenants.selectors import is_site_admin
 
@@ -71,14 +73,7 @@ def job_submit(*, user: Any, request: JobRequest) -> Job:
             JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
             for dependency in request.depends_on
         )
-        JobEvent.objects.create(
-            job=job,
-            at=now,
-            from_state="",
-            to_state=JobState.PENDING,
-            attempt=0,
-            message=f"submitted by {user.get_username()}",
-        )
+        record_submission(job.pk, message=f"submitted by {user.get_username()}", at=now)
         schedule_pass_on_commit()
     log.info("job %s submitted by %s to team %s", job.pk, user, request.team.name)
     return job
@@ -140,33 +135,20 @@ def _cancel_waiting(job: Job, who: str) -> bool:
 
 
 def _request_cancel_stop(job: Job, who: str) -> bool:
-    """Mark a job that holds slices as to be stopped for a cancel; send the stop after commit.
+    """Ask the attempt of a job that holds slices to stop for a cancel; send the stop after
+    commit.
 
-    Asking twice is harmless: the mark is set once, and the stop message is sent again (the
-    agent ignores a stop for a job it already stopped), which also covers a lost message.
+    Asking twice is harmless: the request is written once, and the stop message is sent again
+    (the agent ignores a stop for a job it already stopped), which also covers a lost message.
     """
-    now = timezone.now()
     with transaction.atomic():
-        holding = Job.objects.filter(pk=job.pk, state__in=HOLDING_STATES)
-        marked = holding.filter(stop_requested_at__isnull=True).update(
-            stop_requested_at=now, stop_reason="cancel"
+        asked = attempt_request_stop(
+            job_id=job.pk, reason="cancel", message=f"cancel requested by {who}"
         )
-        # A job being preempted is stopping already; make its end a cancel, not a requeue.
-        if not marked:
-            marked = holding.exclude(stop_reason="cancel").update(stop_reason="cancel")
-        if not marked and not holding.exists():
+        if asked == StopAsked.NOT_HOLDING:
             return False  # it left ASSIGNED/RUNNING meanwhile: look again
-        attempt = Job.objects.filter(pk=job.pk).values_list("attempt", flat=True).get()
-        if marked:
-            record_event(job.pk, message=f"cancel requested by {who}", attempt=attempt, at=now)
-        transaction.on_commit(lambda: _send_stop(job.pk))
+        transaction.on_commit(lambda: agent_messages.request_stops([job.pk]))
     return True
-
-
-def _send_stop(job_id: int) -> None:
-    # Looked up at call time: the dispatch module belongs to the scheduling shell.
-    dispatch = importlib.import_module("portal.cluster.dispatch")
-    dispatch.request_stop(job_id)
 
 
 def job_hold(*, job: Job, user: Any) -> Job:

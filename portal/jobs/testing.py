@@ -16,8 +16,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 
-from portal.jobs.models import Job, JobEvent, JobState
+from portal.cluster.models import Gpu, Node, Slice
+from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.tenants.models import Membership, Team
+from scheduler.units import mig_units
 
 DEMO_PASSWORD = "test-password-123"
 
@@ -93,12 +95,9 @@ def make_job(
     return job
 
 
-def make_node(name: str = "node-1", *, gpus: Sequence[dict[str, Any]] = ()) -> Any:
+def make_node(name: str = "node-1", *, gpus: Sequence[dict[str, Any]] = ()) -> Node:
     """A node with GPUs, each given as ``{"mode": "whole"|"mig"|"mps", "profiles": [...],
     "shares": n}``; returns the node. Slices get keys like ``GPU-node-1-0`` (+ suffixes)."""
-    from portal.cluster.models import Gpu, Node, Slice
-    from scheduler.units import mig_units
-
     node = Node.objects.create(name=name, hostname=name, driver="described")
     for index, spec in enumerate(gpus):
         mode = spec.get("mode", "whole")
@@ -129,8 +128,6 @@ def make_node(name: str = "node-1", *, gpus: Sequence[dict[str, Any]] = ()) -> A
 
 def allocate(job: Job, slice_keys: Sequence[str], *, released: bool = False) -> None:
     """Give ``job``'s current attempt the slices ``slice_keys`` (and its node)."""
-    from portal.cluster.models import Allocation, Slice
-
     now = timezone.now()
     slices = list(Slice.objects.filter(key__in=slice_keys).select_related("gpu"))
     for slice_ in slices:

@@ -130,6 +130,42 @@ def transition_many(
     return True
 
 
+def record_submission(job_id: int, *, message: str, at: datetime) -> None:
+    """A job's first event: it came into being as PENDING (no attempt yet)."""
+    JobEvent.objects.create(
+        job_id=job_id, at=at, from_state="", to_state=S.PENDING, attempt=0, message=message
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One event of a batch that changes no state: the job, the state it stays in, its
+    attempt and what happened."""
+
+    job_id: int
+    state: str
+    attempt: int
+    message: str
+
+
+def record_events(notes: Sequence[Note], *, at: datetime) -> None:
+    """``record_event`` for many jobs whose state the caller read under a lock (a scheduling
+    pass asking its preemption victims to stop), in one statement."""
+    if not notes:
+        return
+    JobEvent.objects.bulk_create(
+        JobEvent(
+            job_id=note.job_id,
+            at=at,
+            from_state=note.state,
+            to_state=note.state,
+            attempt=note.attempt,
+            message=note.message,
+        )
+        for note in notes
+    )
+
+
 def record_event(job_id: int, *, message: str, attempt: int, at: datetime | None = None) -> None:
     """A notable thing that is not a state change (a preemption asked for, a stop sent)."""
     state = Job.objects.filter(pk=job_id).values_list("state", flat=True).get()

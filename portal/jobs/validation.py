@@ -32,6 +32,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Min
 
+from portal.cluster.models import Slice
 from portal.jobs.models import TERMINAL_STATES, GpuKind, Job, JobDependency, JobState
 from portal.tenants.models import PRIORITY_CLASSES, Team
 from portal.tenants.selectors import member_teams, teams_for_user
@@ -504,8 +505,6 @@ def _units_per_slice(gpu: GpuSpec) -> float | None:
         return 1.0
     if gpu.kind == GpuKind.MIG:
         return MIG_PROFILES[gpu.profile].units
-    from portal.cluster.models import Slice
-
     smallest = Slice.objects.filter(kind=Slice.Kind.MPS, present=True).aggregate(
         units=Min("units")
     )["units"]

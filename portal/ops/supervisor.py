@@ -10,6 +10,11 @@ and browser tests), so both run the portal the same way. No Django here.
   (SIGKILL, OOM), its children get SIGTERM instead of living on as orphans.
 - Every line a child prints is written as `name | line`, and the last lines of each child
   are kept for a failure report.
+- `tend()` (runportal's loop) restarts a child that crashed, after a delay that doubles with
+  each crash; a child that crashes too often in a short window stops everything
+  (`CrashLoop`). The tests' stack uses `check_running()` instead: there a death is a failure.
+- A child may need longer than the others to stop (the agent stops its jobs first): its
+  spec's `stop_timeout_s` is how long it gets between SIGTERM and SIGKILL.
 """
 
 from __future__ import annotations
@@ -41,6 +46,8 @@ class ChildSpec:
     cwd: str | None = None
     # Stopped after every other child has exited (the broker the others talk to).
     stop_last: bool = False
+    # Seconds between SIGTERM and SIGKILL; None: the supervisor's default.
+    stop_timeout_s: float | None = None
 
 
 @dataclass
@@ -56,6 +63,30 @@ class Child:
 
     def exit_code(self) -> int | None:
         return self.process.poll()
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart a crashed child after `first_delay_s`, doubling up to `max_delay_s`; more than
+    `max_crashes` crashes of one child within `window_s` stop everything instead."""
+
+    max_crashes: int = 5
+    window_s: float = 60.0
+    first_delay_s: float = 1.0
+    max_delay_s: float = 30.0
+
+
+class CrashLoop(RuntimeError):
+    """A child crashed too often in a short window: restarting it again would only hide it."""
+
+    def __init__(self, child: Child, crashes: int, window_s: float) -> None:
+        code = child.exit_code()
+        super().__init__(
+            f"{child.name} crashed {crashes} times in {window_s:g} s "
+            f"(last exit code {code}); not restarting it again"
+        )
+        self.child = child
+        self.code = code
 
 
 class ChildExited(RuntimeError):
@@ -91,10 +122,18 @@ class Supervisor:
         self._width = 6
         self.children: list[Child] = []
         self.stopping = False
+        # Per child name: when it crashed (monotonic), and when it is due to start again.
+        self._crashes: dict[str, list[float]] = {}
+        self._restart_at: dict[str, float] = {}
 
     # --- starting ------------------------------------------------------------------------------
 
     def start(self, spec: ChildSpec) -> Child:
+        child = self._spawn(spec)
+        self.children.append(child)
+        return child
+
+    def _spawn(self, spec: ChildSpec) -> Child:
         self._width = max(self._width, len(spec.name))
         process = subprocess.Popen(  # noqa: S603 - argv built by our own code, no shell
             list(spec.argv),
@@ -104,6 +143,9 @@ class Supervisor:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # What the portal writes (the SQLite database, beat's schedule, the broker's
+            # socket) is its own: jobs run as other users and must not open any of it.
+            umask=0o077,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509
         )
         child = Child(spec=spec, process=process)
@@ -111,7 +153,6 @@ class Supervisor:
             target=self._pump, args=(child,), name=f"output-{spec.name}", daemon=True
         )
         child.reader.start()
-        self.children.append(child)
         return child
 
     def _pump(self, child: Child) -> None:
@@ -162,6 +203,41 @@ class Supervisor:
                 raise TimeoutError(f"{what} not ready after {timeout_s:.0f} s")
             time.sleep(poll_s)
 
+    def tend(self, *, policy: RestartPolicy, now: float | None = None) -> None:
+        """Restart what crashed, each after its backoff delay; raise CrashLoop when a child
+        crashed more than the policy allows. Call it every fraction of a second."""
+        if self.stopping:
+            return
+        now = time.monotonic() if now is None else now
+        for index, child in enumerate(self.children):
+            name = child.name
+            if child.exit_code() is None:
+                continue
+            if name not in self._restart_at:
+                recent = [t for t in self._crashes.get(name, []) if now - t <= policy.window_s]
+                recent.append(now)
+                self._crashes[name] = recent
+                if len(recent) > policy.max_crashes:
+                    raise CrashLoop(child, len(recent), policy.window_s)
+                delay = min(policy.max_delay_s, policy.first_delay_s * 2 ** (len(recent) - 1))
+                self._restart_at[name] = now + delay
+                self.say(
+                    f"runportal: {name} exited with code {child.exit_code()}; restarting it in "
+                    f"{delay:g} s (crash {len(recent)} of {policy.max_crashes} allowed "
+                    f"in {policy.window_s:g} s)"
+                )
+            elif now >= self._restart_at[name]:
+                del self._restart_at[name]
+                if child.reader is not None:
+                    child.reader.join(timeout=2)
+                # Whatever the crashed child left in its process group goes with it.
+                _signal_group(child.process, signal.SIGKILL)
+                replacement = self._spawn(child.spec)
+                # The buffered last lines stay, for a failure report after a crash loop.
+                replacement.lines.extend(child.lines)
+                self.children[index] = replacement
+                self.say(f"runportal: {name} restarted (pid {replacement.process.pid})")
+
     def tail(self, lines: int = 60) -> str:
         """The last lines of every child, for a failure report."""
         parts = []
@@ -188,12 +264,14 @@ class Supervisor:
         running = [c for c in children if c.exit_code() is None]
         for child in running:
             _signal_group(child.process, signal.SIGTERM)
-        deadline = time.monotonic() + self._stop_timeout_s
+        started = time.monotonic()
         for child in running:
+            grace = child.spec.stop_timeout_s
+            grace = self._stop_timeout_s if grace is None else grace
             try:
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                child.process.wait(timeout=max(0.0, started + grace - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.say(f"{child.name} did not stop in {self._stop_timeout_s:.0f} s: killing it")
+                self.say(f"{child.name} did not stop in {grace:g} s: killing it")
                 _signal_group(child.process, signal.SIGKILL)
                 child.process.wait()
         # Whatever a child left behind in its process group goes too (gunicorn workers, etc.).

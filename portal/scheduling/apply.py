@@ -4,7 +4,7 @@ Every write is guarded by the state the snapshot saw, so a job that changed sinc
 that committed between the snapshot and now) is left alone instead of overwritten:
 
 1. Fail     - PENDING -> FAILED with the core's reason (a dependency failed).
-2. Preempt  - ask a holding job to stop: ``stop_requested_at``/``stop_reason=preempt`` + event.
+2. Preempt  - ask a holding attempt to stop (``attempt_request_stops``, reason ``preempt``).
               The agent stops it; its ``finished`` report frees the slices and requeues it.
 3. Assign   - PENDING -> ASSIGNED (attempt + 1, node, borrowed, assigned_at) + one Allocation
               per slice, for all placed jobs in a few statements. The partial unique index on
@@ -27,8 +27,8 @@ from typing import Any
 from django.db import IntegrityError, connection, transaction
 
 from portal.bulk import insert_rows, update_rows
-from portal.cluster.models import Allocation
-from portal.jobs.models import HOLDING_STATES, Job, JobEvent, JobState
+from portal.jobs.attempts import StopAsked, StopWanted, attempt_request_stops
+from portal.jobs.models import Allocation, Job, JobState
 from portal.jobs.transitions import Move, transition, transition_many
 from portal.scheduling.snapshot import LoadedSnapshot
 from scheduler.model import Assign, Decisions, Pending, Preempt
@@ -131,37 +131,20 @@ def _fail(decisions: Decisions, loaded: LoadedSnapshot, now: datetime) -> list[i
 def _preempt(decisions: Decisions, loaded: LoadedSnapshot, now: datetime) -> list[int]:
     """Ask each victim to stop, once: only a job still holding the attempt the snapshot saw
     and not already stopping. Its slices stay allocated until its agent reports the stop."""
-    wanted: dict[int, Preempt] = {}
+    wanted: dict[int, StopWanted] = {}
     for decision in decisions.preempt:
-        row = loaded.holding.get(int(decision.job_id))
+        job_id = int(decision.job_id)
+        row = loaded.holding.get(job_id)
         if row is not None and not row.stop_requested:
-            wanted[int(decision.job_id)] = decision
+            wanted[job_id] = StopWanted(
+                job_id=job_id,
+                message=f"preemption requested: {_why(decision)}",
+                attempt=row.attempt,
+            )
     if not wanted:
         return []
-    rows = Job.objects.filter(
-        pk__in=list(wanted), state__in=HOLDING_STATES, stop_requested_at__isnull=True
-    )
-    if connection.features.has_select_for_update:
-        rows = rows.select_for_update()
-    victims = [
-        (pk, attempt, state)
-        for pk, attempt, state in rows.values_list("pk", "attempt", "state")
-        if attempt == loaded.holding[pk].attempt
-    ]
-    ids = [pk for pk, _, _ in victims]
-    Job.objects.filter(pk__in=ids).update(stop_requested_at=now, stop_reason="preempt")
-    JobEvent.objects.bulk_create(
-        JobEvent(
-            job_id=pk,
-            at=now,
-            from_state=state,
-            to_state=state,
-            attempt=attempt,
-            message=f"preemption requested: {_why(wanted[pk])}",
-        )
-        for pk, attempt, state in victims
-    )
-    return ids
+    asked = attempt_request_stops(wanted=list(wanted.values()), reason="preempt", at=now)
+    return [job_id for job_id, found in asked.items() if found == StopAsked.REQUESTED]
 
 
 def _why(decision: Preempt) -> str:

@@ -21,9 +21,9 @@ from typing import Literal
 from django.db import transaction
 from django.utils import timezone
 
-from portal.cluster.dispatch import request_stops, send_launches
+from portal import agent_messages
+from portal.policy import scheduler_config
 from portal.scheduling.apply import Applied, apply_decisions
-from portal.scheduling.config import scheduler_config
 from portal.scheduling.lock import scheduler_file_lock, try_advisory_lock
 from portal.scheduling.models import SchedulerState
 from portal.scheduling.snapshot import load_snapshot
@@ -99,9 +99,9 @@ def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
 def dispatch_after_pass(assigned: list[int], preempted: list[int]) -> None:
     """Launch the placed jobs and stop the victims; a failure here is repaired by the reaper."""
     if assigned:
-        send_launches(assigned)
+        agent_messages.send_launches(assigned)
     if preempted:
-        request_stops(preempted)
+        agent_messages.request_stops(preempted)
 
 
 def _record_pass(when: datetime, applied: Applied, duration_ms: float) -> None:

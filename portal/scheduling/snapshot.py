@@ -24,8 +24,8 @@ from django.db.models import FloatField, Func, QuerySet
 
 from portal.accounting.selectors import budget_period_start, decayed_balances, gpu_hours_in_period
 from portal.accounting.usage import hold_charge
-from portal.cluster.models import Allocation, Node, Slice
-from portal.jobs.models import HOLDING_STATES, Job, JobDependency, JobState
+from portal.cluster.models import Node, Slice
+from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobDependency, JobState
 from portal.tenants.models import Team
 from scheduler.config import SchedulerConfig
 from scheduler.model import (

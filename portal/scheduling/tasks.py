@@ -1,4 +1,4 @@
-"""Celery tasks of the scheduling loop (beat runs both on a timer; triggers run the pass)."""
+"""The Celery task of the scheduling loop (beat runs it on a timer; triggers ask for it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Any
 from django.conf import settings
 
 from portal.celery import app
-from portal.cluster.recovery import reap_lost_agents as reap
 from portal.scheduling.service import last_snapshot_at, run_schedule_pass
 
 log = logging.getLogger("portal.scheduling")
@@ -34,9 +33,3 @@ def schedule_pass(self: Any, requested_at: float | None = None) -> str:
             return "skipped"  # the beat loop's next pass covers it
         raise self.retry(countdown=settings.SCHEDULE_RETRY_S)
     return result.status
-
-
-@app.task(name="portal.reap_lost_agents", ignore_result=True)
-def reap_lost_agents() -> dict[str, int]:
-    """Mark agents without a heartbeat lost, requeue their jobs, re-send lost messages."""
-    return reap().as_dict()

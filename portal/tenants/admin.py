@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 
-from portal.tenants.models import Membership, Team
+from portal.tenants.models import AccessCounter, ApiToken, Membership, Team
 
 
 class MembershipInline(admin.TabularInline):
@@ -36,3 +38,38 @@ class MembershipAdmin(admin.ModelAdmin):
     search_fields = ["team__name", "user__username"]
     autocomplete_fields = ["user", "team"]
     list_select_related = ["team", "user"]
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Site admins see and revoke tokens; only `manage.py issue_token` creates them, since
+    the key exists in clear only at that moment."""
+
+    list_display = ["prefix", "user", "created_at"]
+    search_fields = ["user__username", "prefix"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "prefix", "created_at"]
+    exclude = ["digest"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(AccessCounter)
+class AccessCounterAdmin(admin.ModelAdmin):
+    """Failed-login and API-rate counters. Deleting a row with `locked until` set lifts a
+    login lock at once (a user locked out by someone guessing their password)."""
+
+    list_display = ["scope", "key", "count", "window_started_at", "locked_until"]
+    list_filter = ["scope"]
+    search_fields = ["key"]
+    readonly_fields = ["scope", "key", "count", "window_started_at", "locked_until"]
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False

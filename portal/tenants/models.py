@@ -72,3 +72,50 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class ApiToken(models.Model):
+    """An API token. Only the SHA-256 of its key is stored: the key is shown once, at creation.
+
+    The key is 160 random bits, so a plain digest cannot be reversed by guessing; no pepper
+    is mixed in, so rotating PORTAL_SECRET_KEY does not invalidate every notebook's token.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    digest = models.CharField(max_length=64, unique=True)
+    # The key's first characters: enough to tell a user's tokens apart, useless to an attacker.
+    prefix = models.CharField(max_length=8)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["user__username", "created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}... of {self.user}"
+
+
+class AccessCounter(models.Model):
+    """A fixed-window counter shared by every web process: failed logins per username and per
+    client address, API requests per user and per token.
+
+    It lives in the database because the portal configures no shared cache; each web
+    process's own memory would let an attacker spread attempts over the processes.
+    """
+
+    scope = models.CharField(max_length=32)
+    key = models.CharField(max_length=200)
+    window_started_at = models.DateTimeField()
+    count = models.PositiveIntegerField(default=0)
+    # Set when a login lockout starts: attempts before this instant are refused unchecked.
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="one_access_counter_per_key")
+        ]
+        indexes = [models.Index(fields=["window_started_at"], name="access_counter_window")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key}: {self.count} since {self.window_started_at}"

@@ -1,12 +1,14 @@
-"""Reads about teams: who sees which team, who administers it, and how it stands now."""
+"""Reads about teams: who sees which team and who administers it.
+
+How a team stands now (what its jobs hold, its job counts) is read with its jobs:
+``portal.jobs.selectors.team_overviews``.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import QuerySet
 
 from portal.tenants.models import Membership, Team
 
@@ -39,60 +41,3 @@ def can_admin_team(*, user: Any, team: Team) -> bool:
     if not getattr(user, "is_authenticated", False):
         return False
     return Membership.objects.filter(team=team, user=user, role=Membership.Role.ADMIN).exists()
-
-
-def team_overview(*, team: Team) -> dict[str, Any]:
-    """Quota, what the team holds now, its job counts and its members."""
-    return team_overviews(teams=[team])[0]
-
-
-def team_overviews(*, teams: Iterable[Team]) -> list[dict[str, Any]]:
-    """``team_overview`` for many teams in a fixed number of queries (three), not per team."""
-    # Imported here: jobs and cluster import tenants, not the other way round at load time.
-    from portal.cluster.models import Allocation
-    from portal.jobs.models import Job, JobState
-
-    teams = list(teams)
-    ids = [team.pk for team in teams]
-    units_in_use = dict(
-        Allocation.objects.filter(job__team_id__in=ids, released_at__isnull=True)
-        .values("job__team_id")
-        .annotate(units=Sum("slice__units"))
-        .values_list("job__team_id", "units")
-    )
-    counts = {
-        row["team_id"]: row
-        for row in Job.objects.filter(team_id__in=ids)
-        .values("team_id")
-        .annotate(
-            running=Count("id", filter=Q(state__in=[JobState.ASSIGNED, JobState.RUNNING])),
-            pending=Count("id", filter=Q(state=JobState.PENDING)),
-            held=Count("id", filter=Q(state=JobState.HELD)),
-        )
-    }
-    members: dict[int, list[dict[str, str]]] = defaultdict(list)
-    for team_id, username, role in Membership.objects.filter(team_id__in=ids).values_list(
-        "team_id", "user__username", "role"
-    ):
-        members[team_id].append({"username": username, "role": role})
-    overviews = []
-    for team in teams:
-        row = counts.get(team.pk, {})
-        overviews.append(
-            {
-                "name": team.name,
-                "description": team.description,
-                "weight": team.weight,
-                "guaranteed_units": team.guaranteed_units,
-                "limit_units": team.limit_units,
-                "max_priority": team.max_priority,
-                "member_limit_units": team.member_limit_units,
-                "budget_gpu_hours": team.budget_gpu_hours,
-                "units_in_use": round(units_in_use.get(team.pk) or 0.0, 6),
-                "running_jobs": row.get("running", 0),
-                "pending_jobs": row.get("pending", 0),
-                "held_jobs": row.get("held", 0),
-                "members": sorted(members[team.pk], key=lambda m: m["username"]),
-            }
-        )
-    return overviews

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 
+from portal.passes import schedule_pass_on_commit
 from portal.tenants.models import PRIORITY_CLASSES, Team
 from portal.tenants.selectors import is_site_admin
 
@@ -91,26 +92,36 @@ def quota_update(
     with transaction.atomic():
         Team.objects.filter(pk=team.pk).update(**cleaned)
         # The scheduler reads quotas on every pass; ask for one so the change shows at once.
-        from portal.scheduling.triggers import schedule_pass_on_commit
-
         schedule_pass_on_commit()
     log.info("quota of team %s changed by %s: %s", team.name, by, cleaned)
     team.refresh_from_db()
     return team
 
 
+# No site has a million GPUs: a bigger quota is a typo (or an attempt to overflow a column).
+QUOTA_MAX = 1_000_000
+
+
 def _non_negative_number(value: Any, *, optional: bool) -> tuple[float | None, str]:
-    allowed = "a number >= 0" + (", or null for no limit" if optional else "")
+    allowed = f"a number from 0 to {QUOTA_MAX}" + (", or null for no limit" if optional else "")
     if value is None or value == "":
         if optional:
             return None, ""
         return None, f"required; allowed: {allowed}"
     if isinstance(value, bool):
         return None, f"{value!r} is not a number; allowed: {allowed}"
+    shown = _shorten(repr(value))
     try:
         number = float(value)
+    except OverflowError:
+        # An integer too big for a float (JSON allows 10**400).
+        return None, f"{shown} is out of range; allowed: {allowed}"
     except (TypeError, ValueError):
-        return None, f"{value!r} is not a number; allowed: {allowed}"
-    if not math.isfinite(number) or number < 0:
-        return None, f"{value!r} is out of range; allowed: {allowed}"
+        return None, f"{shown} is not a number; allowed: {allowed}"
+    if not math.isfinite(number) or not 0 <= number <= QUOTA_MAX:
+        return None, f"{shown} is out of range; allowed: {allowed}"
     return number, ""
+
+
+def _shorten(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -2,16 +2,11 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from portal.web import views
+from portal.web.login import ThrottledLoginView
 
 app_name = "web"
 urlpatterns = [
-    path(
-        "login/",
-        auth_views.LoginView.as_view(
-            template_name="web/login.html", redirect_authenticated_user=True
-        ),
-        name="login",
-    ),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.job_list, name="job_list"),
     path("jobs/new/", views.job_submit_view, name="job_submit"),

@@ -22,17 +22,18 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from portal.cluster.models import Gpu, Slice
 from portal.jobs.models import HOLDING_STATES, Job, JobState
-from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log, job_slices
+from portal.jobs.selectors import (
+    job_get_for_user,
+    job_list_for_user,
+    job_log,
+    job_slices,
+    team_overview,
+    team_overviews,
+)
 from portal.jobs.services import JobActionError, can_act_on_job, job_cancel, job_submit
 from portal.jobs.validation import JobRequestError, validate_job_request
 from portal.tenants.models import PRIORITY_CLASSES, Team
-from portal.tenants.selectors import (
-    is_site_admin,
-    member_teams,
-    team_overview,
-    team_overviews,
-    teams_for_user,
-)
+from portal.tenants.selectors import is_site_admin, member_teams, teams_for_user
 from portal.tenants.services import QuotaError, quota_update
 from portal.web.forms import (
     job_form_errors,

@@ -21,8 +21,7 @@ from django.db import connections
 from services import require_service
 from stack import PortalStack
 
-from portal.cluster.models import Allocation
-from portal.jobs.models import Job, JobState
+from portal.jobs.models import Allocation, Job, JobState
 from portal.jobs.services import job_submit
 from portal.jobs.testing import DEMO_PASSWORD, make_team, make_user
 from portal.jobs.validation import validate_job_request

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 import portal_client.client
 from portal.jobs.models import Job, JobLogChunk, JobState
 from portal.jobs.testing import make_job, make_team, make_user
 from portal.jobs.transitions import transition
 from portal.tenants.models import Membership, Team
+from portal.tenants.tokens import token_issue
 from portal_client import TERMINAL, PortalClient, PortalError
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
@@ -30,7 +30,7 @@ def no_scheduling_pass(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """No broker here: record the pass a submit asks for instead of sending it."""
     asked: list[str] = []
     monkeypatch.setattr(
-        "portal.scheduling.triggers.request_schedule_pass", lambda: asked.append("pass")
+        "portal.passes.request_schedule_pass", lambda: asked.append("pass")
     )
     return asked
 
@@ -47,7 +47,7 @@ def alice(vision: Team) -> Any:
 
 @pytest.fixture
 def portal(live_server: Any, alice: Any) -> PortalClient:
-    return PortalClient(live_server.url, Token.objects.create(user=alice).key)
+    return PortalClient(live_server.url, token_issue(user=alice))
 
 
 def test_submit_stores_the_job_and_returns_it_pending(portal: PortalClient) -> None:

@@ -9,16 +9,15 @@ Jobs go in through the HTTP API with a token, exactly as from a notebook.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
 from stack import PortalStack
 
 from portal.cluster.models import Gpu, Slice
+from portal.tenants.tokens import token_issue
 from portal_client import GpuRequest, PortalClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -51,7 +50,7 @@ def alice_token() -> str:
     from django.contrib.auth import get_user_model
 
     user = get_user_model().objects.get(username="alice")
-    return Token.objects.get_or_create(user=user)[0].key
+    return token_issue(user=user)
 
 
 def wait_for_state(
@@ -75,7 +74,8 @@ def test_jobs_run_on_each_kind_of_slice_and_cancel_works(tmp_path: Path) -> None
     with PortalStack(tmp_path, web=True) as stack:
         assert stack.url is not None
         api = PortalClient(stack.url, alice_token())
-        printer = [sys.executable, "-c", PRINT_SLICE_ENV]
+        # python3 from PATH: jobs run as other users, who may not reach this venv's python.
+        printer = ["python3", "-c", PRINT_SLICE_ENV]
         whole = submit(api, "on-a-whole-gpu", {"kind": "whole", "count": 1}, printer)
         mig = submit(
             api, "on-a-mig-slice", {"kind": "mig", "profile": "1g.10gb", "count": 1}, printer

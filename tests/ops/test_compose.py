@@ -1,9 +1,13 @@
-"""docker-compose.yml is a valid production shape, checked by Debian's docker-compose when present."""
+"""docker-compose.yml is a valid production shape, checked by Debian's docker-compose when
+present, and read directly (with its ${...} defaults filled in) where it is not."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,7 @@ import yaml
 PROJECT = Path(__file__).resolve().parents[2]
 COMPOSE = shutil.which("docker-compose")
 
-pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose is not installed")
+needs_compose = pytest.mark.skipif(COMPOSE is None, reason="docker-compose is not installed")
 
 
 def compose(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,15 +45,26 @@ def config() -> dict[str, Any]:
     return yaml.safe_load(result.stdout)
 
 
+@needs_compose
 def test_docker_compose_config_accepts_the_file() -> None:
     result = compose("config", "-q")
     assert result.returncode == 0, result.stderr
 
 
+@needs_compose
 def test_it_has_every_service_of_the_production_shape(config: dict[str, Any]) -> None:
-    assert set(config["services"]) == {"postgres", "redis", "web", "worker", "beat", "agent"}
+    assert set(config["services"]) == {
+        "postgres",
+        "redis",
+        "web",
+        "worker",
+        "beat",
+        "agent",
+        "watchdog",
+    }
 
 
+@needs_compose
 def test_the_agent_reserves_every_nvidia_gpu_and_uses_docker(config: dict[str, Any]) -> None:
     agent = config["services"]["agent"]
     devices = agent["deploy"]["resources"]["reservations"]["devices"]
@@ -59,11 +74,13 @@ def test_the_agent_reserves_every_nvidia_gpu_and_uses_docker(config: dict[str, A
     assert "DATABASE_URL" not in agent["environment"]
 
 
+@needs_compose
 def test_the_control_plane_talks_to_postgres_and_redis(config: dict[str, Any]) -> None:
     for name in ("web", "worker", "beat"):
         env = config["services"][name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://"), name
-        assert env["REDIS_URL"] == "redis://redis:6379/0", name
+        assert env["REDIS_URL"].startswith("redis://:"), name
+        assert env["REDIS_URL"].endswith("@redis:6379/0"), name
     assert "-Q control" in " ".join(config["services"]["worker"]["command"])
     assert "migrate" in " ".join(config["services"]["web"]["command"])
 
@@ -80,3 +97,155 @@ def test_every_variable_in_env_example_reaches_a_service() -> None:
     assert len(names) > 20
     unused = [name for name in names if "${" + name not in text and f" {name}:" not in text]
     assert unused == []
+
+
+# --- read directly: the file as docker-compose fills it in with no .env ----------------------
+
+_VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """docker-compose's ${NAME} and ${NAME:-default} (and $$ for a literal $)."""
+    if isinstance(value, str):
+
+        def fill(match: re.Match[str]) -> str:
+            if match.group(0) == "$$":
+                return "$"
+            return env.get(match["name"]) or (match["default"] or "")
+
+        return _VARIABLE.sub(fill, value)
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    return value
+
+
+def compose_file(env: dict[str, str] | None = None) -> dict[str, Any]:
+    raw = yaml.safe_load((PROJECT / "docker-compose.yml").read_text())
+    return interpolate(raw, env or {})
+
+
+def service_env(service: dict[str, Any]) -> dict[str, str]:
+    """A service's environment as the container gets it: a name without a value is passed
+    only when set in .env or the shell, and here neither is."""
+    return {key: str(value) for key, value in service["environment"].items() if value is not None}
+
+
+def test_redis_requires_a_password_and_every_url_carries_it() -> None:
+    services = compose_file({"REDIS_PASSWORD": "s3cret-pw"})["services"]
+    redis_command = " ".join(services["redis"]["command"])
+    assert '--requirepass "$REDIS_PASSWORD"' in redis_command
+    assert 'if [ -z "$REDIS_PASSWORD" ]' in redis_command  # no password: it does not start
+    assert services["redis"]["environment"]["REDIS_PASSWORD"] == "s3cret-pw"
+    assert "REDISCLI_AUTH" in " ".join(services["redis"]["healthcheck"]["test"])
+    for name in ("web", "worker", "beat"):
+        assert services[name]["environment"]["REDIS_URL"] == "redis://:s3cret-pw@redis:6379/0"
+    assert services["agent"]["environment"]["PORTAL_BROKER_URL"] == (
+        "redis://:s3cret-pw@redis:6379/0"
+    )
+
+
+def test_redis_urls_switch_to_tls_with_the_documented_variables() -> None:
+    env = {
+        "REDIS_PASSWORD": "pw",
+        "REDIS_SCHEME": "rediss",
+        "REDIS_PORT": "6380",
+        "REDIS_URL_OPTIONS": "?ssl_cert_reqs=required&ssl_ca_certs=/tls/ca.crt",
+    }
+    services = compose_file(env)["services"]
+    expected = "rediss://:pw@redis:6380/0?ssl_cert_reqs=required&ssl_ca_certs=/tls/ca.crt"
+    assert services["web"]["environment"]["REDIS_URL"] == expected
+    assert services["agent"]["environment"]["PORTAL_BROKER_URL"] == expected
+    for name in ("REDIS_PASSWORD=", "# REDIS_SCHEME=rediss", "# REDIS_URL_OPTIONS="):
+        assert name in (PROJECT / ".env.example").read_text()
+
+
+def test_job_containers_get_no_network_and_the_agent_no_database() -> None:
+    agent = compose_file()["services"]["agent"]
+    assert agent["environment"]["PORTAL_AGENT_DOCKER_NETWORK"] == "none"
+    assert "DATABASE_URL" not in agent["environment"]
+
+
+def test_the_agent_gets_its_node_key_from_env_and_nothing_else_holds_it() -> None:
+    services = compose_file()["services"]
+    # Passed through from .env (no default: the agent refuses to start without one).
+    assert "PORTAL_AGENT_KEY" in services["agent"]["environment"]
+    assert services["agent"]["environment"]["PORTAL_AGENT_KEY"] is None
+    others = [name for name, service in services.items() if name != "agent"]
+    assert [n for n in others if "PORTAL_AGENT_KEY" in str(services[n])] == []
+
+
+@pytest.mark.parametrize("env", [{}, {"PORTAL_AGENT_NODE": "gpu-host-7"}])
+def test_a_watchdog_service_guards_the_agents_containers_and_starts_first(
+    env: dict[str, str],
+) -> None:
+    """The agent's containers must stop once its lease lapses even when the agent's own
+    container was killed (every process in it dies): the watchdog runs beside it, as root,
+    on the same image, work directory, node and Docker engine, and never stands down."""
+    services = compose_file(env)["services"]
+    agent, watchdog = services["agent"], services["watchdog"]
+    node = agent["environment"]["PORTAL_AGENT_NODE"]
+    assert node == env.get("PORTAL_AGENT_NODE", "gpu-host-1")
+    assert (watchdog["image"], watchdog["build"]) == (agent["image"], agent["build"])
+    assert (watchdog["user"], watchdog["restart"]) == ("root", "unless-stopped")
+    assert watchdog["volumes"] == agent["volumes"]
+    assert watchdog["command"] == [
+        "python",
+        "-m",
+        "workers.watchdog",
+        f"--workdir={agent['environment']['PORTAL_AGENT_WORKDIR']}",
+        f"--node={node}",
+        "--stay",
+    ]
+    # It needs neither the broker nor the database: it must keep working when they are away.
+    assert "environment" not in watchdog and "depends_on" not in watchdog
+    # Healthy once it holds the watchdog lock; the agent waits for that, so the agent finds
+    # it running instead of starting a watchdog that would die with the agent's container.
+    assert "watchdog.pid" in " ".join(watchdog["healthcheck"]["test"])
+    assert agent["depends_on"]["watchdog"] == {"condition": "service_healthy"}
+
+
+def test_the_portal_services_run_as_production() -> None:
+    for name in ("web", "worker", "beat"):
+        env = compose_file()["services"][name]["environment"]
+        assert env["PORTAL_DEPLOYMENT"] == "production", name
+
+
+def test_check_deploy_is_clean_with_the_web_services_environment(tmp_path: Path) -> None:
+    """`manage.py check --deploy` with exactly what the web container gets, plus the two
+    secrets an operator must put in .env."""
+    secrets = {"PORTAL_SECRET_KEY": "throwaway-" + "x1y2z3" * 10, "REDIS_PASSWORD": "pw"}
+    web = service_env(compose_file(secrets)["services"]["web"])
+    inherited = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PORTAL_", "DATABASE_URL", "REDIS_URL", "DJANGO_"))
+    }
+    # The image's own ENV (Dockerfile) sets the var dir; here a temporary one stands in.
+    env = {**inherited, **web, "PORTAL_VAR_DIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        env=env,
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_the_web_service_refuses_to_start_without_a_secret_key(tmp_path: Path) -> None:
+    web = service_env(compose_file({"REDIS_PASSWORD": "pw"})["services"]["web"])
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("PORTAL_", "DJANGO_"))}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        env={**inherited, **web, "PORTAL_VAR_DIR": str(tmp_path)},
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("portal: configuration error: PORTAL_SECRET_KEY is not set")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.ops.supervisor import ChildExited, ChildSpec, Supervisor
+from portal.ops.supervisor import ChildExited, ChildSpec, CrashLoop, RestartPolicy, Supervisor
 
 
 def python_child(name: str, code: str, **kwargs: object) -> ChildSpec:
@@ -136,3 +136,129 @@ def test_children_do_not_outlive_a_killed_supervisor(tmp_path: Path) -> None:
     while alive(child_pid):
         assert time.monotonic() < deadline, "the child outlived its killed supervisor"
         time.sleep(0.05)
+
+
+# --- restarts with backoff, and a crash loop ---------------------------------------------------
+
+
+def tend_until(supervisor: Supervisor, done, *, policy, timeout_s: float = 15) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, supervisor.tail()
+        supervisor.tend(policy=policy)
+        time.sleep(0.02)
+
+
+def test_tend_restarts_a_crashed_child_with_a_doubling_delay_and_says_so(tmp_path: Path) -> None:
+    starts = tmp_path / "starts"
+    out = io.StringIO()
+    supervisor = Supervisor(output=out)
+    policy = RestartPolicy(max_crashes=5, window_s=60, first_delay_s=0.2, max_delay_s=10)
+    steady = supervisor.start(python_child("steady", "import time; time.sleep(60)"))
+    supervisor.start(
+        python_child(
+            "flaky",
+            f"""
+            import sys
+            with open({str(starts)!r}, 'a') as f:
+                f.write('x')
+            sys.exit(3)
+            """,
+        )
+    )
+    try:
+        began = time.monotonic()
+        tend_until(
+            supervisor,
+            lambda: len(starts.read_text() if starts.exists() else "") >= 3,
+            policy=policy,
+        )
+        elapsed = time.monotonic() - began
+    finally:
+        supervisor.stop_all()
+
+    text = out.getvalue()
+    assert (
+        "runportal: flaky exited with code 3; restarting it in 0.2 s (crash 1 of 5 allowed in 60 s)"
+        in text
+    )
+    assert (
+        "runportal: flaky exited with code 3; restarting it in 0.4 s (crash 2 of 5 allowed in 60 s)"
+        in text
+    )
+    assert text.count("runportal: flaky restarted (pid ") >= 2
+    assert elapsed >= 0.6  # 0.2 s, then 0.4 s
+    # The steady child was left alone the whole time.
+    assert supervisor.children[0] is steady
+
+
+def test_tend_stops_a_crash_loop_naming_the_child(tmp_path: Path) -> None:
+    out = io.StringIO()
+    supervisor = Supervisor(output=out)
+    policy = RestartPolicy(max_crashes=2, window_s=60, first_delay_s=0.05, max_delay_s=0.05)
+    supervisor.start(python_child("worker", "import sys; print('no database'); sys.exit(1)"))
+    try:
+        with pytest.raises(CrashLoop) as loop:
+            tend_until(supervisor, lambda: False, policy=policy)
+    finally:
+        supervisor.stop_all()
+    assert str(loop.value) == (
+        "worker crashed 3 times in 60 s (last exit code 1); not restarting it again"
+    )
+    assert "no database" in supervisor.tail()
+
+
+def test_crashes_older_than_the_window_are_forgotten() -> None:
+    supervisor = Supervisor(output=io.StringIO())
+    policy = RestartPolicy(max_crashes=1, window_s=10, first_delay_s=0, max_delay_s=0)
+    child = supervisor.start(python_child("beat", "import sys; sys.exit(2)"))
+    child.process.wait()
+    try:
+        supervisor.tend(policy=policy, now=100.0)  # crash 1: restart due at once
+        supervisor.tend(policy=policy, now=100.0)  # restarted
+        supervisor.children[0].process.wait()
+        supervisor.tend(policy=policy, now=111.0)  # crash 2, but crash 1 is 11 s old
+        supervisor.tend(policy=policy, now=111.0)
+        supervisor.children[0].process.wait()
+        with pytest.raises(CrashLoop):
+            supervisor.tend(policy=policy, now=112.0)  # two within 10 s
+    finally:
+        supervisor.stop_all()
+
+
+# --- a child that needs longer to stop ---------------------------------------------------------
+
+
+def test_stop_waits_a_childs_own_stop_timeout_before_killing_it(tmp_path: Path) -> None:
+    """The agent stops its jobs on SIGTERM (each with its kill grace): it must not be killed
+    after the supervisor's default timeout, or a job would be orphaned mid-stop."""
+    finished = tmp_path / "finished"
+    out = io.StringIO()
+    supervisor = Supervisor(output=out, stop_timeout_s=0.3)
+    slow = f"""
+        import signal, sys, time
+        def stop(*_):
+            time.sleep(1.5)  # stopping its jobs
+            open({str(finished)!r}, 'w').write('clean')
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        print('ready')
+        time.sleep(60)
+        """
+    agent = supervisor.start(python_child("agent", slow, stop_timeout_s=5.0))
+    supervisor.wait_until(lambda: "ready" in out.getvalue(), timeout_s=10, what="agent")
+    supervisor.stop_all()
+    assert finished.read_text() == "clean"
+    assert agent.exit_code() == 0
+    assert "killing it" not in out.getvalue()
+
+
+def test_the_agent_gets_its_kill_grace_plus_a_margin_to_stop(tmp_path: Path) -> None:
+    from portal.ops.processes import AGENT_STOP_MARGIN_S, agent_spec
+
+    def spec(**env: str) -> ChildSpec:
+        return agent_spec(node="n1", workdir=tmp_path, broker_url="redis://x", env=env, key="k")
+
+    assert spec(PORTAL_AGENT_KILL_GRACE_S="45").stop_timeout_s == 45 + AGENT_STOP_MARGIN_S
+    assert spec().stop_timeout_s == 10 + AGENT_STOP_MARGIN_S
+    assert spec().stop_timeout_s > 10.0  # runportal's default for the other children

@@ -61,12 +61,12 @@ def var_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class Running:
     """A runportal process whose output is collected as it comes."""
 
-    def __init__(self, var_dir: Path, *args: str) -> None:
+    def __init__(self, var_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = processes.free_port()
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "runportal", "--port", str(self.port), *args],
             cwd=PROJECT,
-            env=embedded_env(var_dir),
+            env={**embedded_env(var_dir), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -165,19 +165,48 @@ def test_it_serves_the_portal_and_stops_everything_on_ctrl_c(
     assert not (var_dir / "redis.sock").exists()
 
 
-def test_it_stops_everything_and_names_the_child_that_died(
+def test_it_restarts_a_child_that_crashed_and_goes_on_serving(
     var_dir: Path, running: list[Running]
 ) -> None:
     run = Running(var_dir, "--no-agent")
+    running.append(run)
+    run.wait_for_line("GPU portal is up at")
+    (beat,) = [pid for pid in run.descendants() if "beat" in command_of(pid)]
+
+    os.kill(beat, signal.SIGKILL)
+
+    run.wait_for_line("runportal: beat restarted (pid ", timeout=30)
+    assert (
+        "runportal: beat exited with code -9; restarting it in 1 s (crash 1 of 5 allowed in 60 s)"
+        in run.output
+    )
+    assert run.process.poll() is None
+    assert processes.http_answers("127.0.0.1", run.port)
+    children = run.descendants()
+    run.process.send_signal(signal.SIGINT)
+    assert run.finish() == 0, run.output
+    assert still_running(children) == []
+
+
+def test_a_crash_loop_stops_everything_and_names_the_child(
+    var_dir: Path, running: list[Running]
+) -> None:
+    run = Running(var_dir, "--no-agent", env={"PORTAL_RESTART_MAX_CRASHES": "1"})
     running.append(run)
     run.wait_for_line("GPU portal is up at")
     children = run.descendants()
     (broker,) = [pid for pid in children if "redis-server" in command_of(pid)]
 
     os.kill(broker, signal.SIGKILL)
+    run.wait_for_line("runportal: broker restarted (pid ", timeout=30)
+    (broker,) = [pid for pid in run.descendants() if "redis-server" in command_of(pid)]
+    children = run.descendants()
+    os.kill(broker, signal.SIGKILL)
 
     assert run.finish() == 1, run.output
-    assert "broker exited unexpectedly (code -9)" in run.output
+    assert "broker crashed 2 times in 60 s (last exit code -9); not restarting it again" in (
+        run.output
+    )
     assert still_running(children) == []
 
 

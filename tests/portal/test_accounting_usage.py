@@ -8,11 +8,11 @@ import pytest
 from django.utils import timezone
 
 from portal.accounting.models import UsageBalance, UsageRecord
-from portal.accounting.selectors import team_usage
 from portal.accounting.services import charge_attempt
 from portal.accounting.usage import add_charge, balance_at, hold_charge
-from portal.cluster.services import release_and_charge
+from portal.jobs.attempts import attempt_release_and_charge
 from portal.jobs.models import JobState
+from portal.jobs.selectors import team_usage
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
 
 HALF_LIFE = 1000.0
@@ -116,7 +116,7 @@ def test_team_usage_counts_balances_running_jobs_and_units_held_now(people):
         assert usage["gpu_hours_this_month"] == pytest.approx(22.5 / 3600)
     assert usage["budget_gpu_hours"] is None
 
-    release_and_charge(running.pk, 1, ended_at=now, now=now)
+    attempt_release_and_charge(job_id=running.pk, attempt=1, ended_at=now, now=now)
     after = team_usage(team=team, now=now)
     assert after["units_in_use"] == 0.0
     assert after["decayed_unit_seconds"] == pytest.approx(usage["decayed_unit_seconds"])

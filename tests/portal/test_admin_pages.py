@@ -73,7 +73,7 @@ def test_the_cancel_action_goes_through_the_service(admin_client_, world):
 
 
 def test_usage_and_allocations_cannot_be_edited(admin_client_):
-    for name in ("accounting_usagerecord", "accounting_usagebalance", "cluster_allocation"):
+    for name in ("accounting_usagerecord", "accounting_usagebalance", "jobs_allocation"):
         assert admin_client_.get(reverse(f"admin:{name}_add")).status_code == 403
 
 

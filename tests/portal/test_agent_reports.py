@@ -1,29 +1,36 @@
 """What the control plane does with each agent report: registration and inventory,
-started / log / finished / metrics, repeats, stale attempts, bad messages, reconciliation."""
+started / log / finished / metrics, repeats, stale attempts, bad messages, and what a
+heartbeat settles (a late `started` or `finished`) or asks about (never a loss by itself)."""
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.utils import timezone
 
 from portal.accounting.models import UsageBalance, UsageRecord
-from portal.cluster.models import Allocation, Gpu, JobMetrics, Node, Slice
-from portal.cluster.tasks import agent_report
-from portal.cluster.testing import (
+from portal.agents.keys import node_keys
+from portal.agents.models import Dispatch, JobMetrics, RefusedMessage
+from portal.agents.tasks import agent_report
+from portal.agents.testing import (
     capture_sent_messages,
+    deliver,
     finished,
     heartbeat,
     log_chunk,
     register_node,
     started,
 )
-from portal.jobs.models import Job, JobLogChunk, JobState
+from portal.cluster.models import Gpu, Node, Slice
+from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
 from portal.jobs.testing import allocate, make_job, make_team, make_user
 from workers.inventory import stable_uuid
-from workers.protocol import Metrics
+from workers.protocol import Metrics, RunningAttempt
+from workers.signing import sign_text
 
 pytestmark = pytest.mark.django_db
 
@@ -43,7 +50,8 @@ def node():
 
 
 def _report(message: dict) -> str:
-    return agent_report.apply(args=[message]).get()
+    """What the message does when its node's agent sends it (signed with the node's key)."""
+    return deliver(message)
 
 
 def _holding_job(team, user, *, state=JobState.ASSIGNED, held_for_s=100.0, **fields) -> Job:
@@ -137,7 +145,8 @@ def test_a_started_report_of_a_stale_attempt_changes_nothing_and_stops_that_atte
         (
             {
                 "type": "stop",
-                "v": 1,
+                "v": 2,
+                "node": NODE,
                 "job_id": job.pk,
                 "attempt": 2,
                 "reason": "cancel",
@@ -205,8 +214,9 @@ def test_finished_succeeded_ends_the_job_frees_its_slices_and_charges_it_once(
     assert team_balance.unit_seconds == pytest.approx(100.0, abs=0.5)
     assert user_balance.unit_seconds == team_balance.unit_seconds
     assert job.events.filter(to_state="SUCCEEDED").count() == 1
-    # The slices are free: a scheduling pass is asked for (once per applied report).
-    assert [name for name, _, _ in sent.sent] == ["portal.schedule_pass"]
+    # The slices are free: a scheduling pass is asked for (once per applied report), and
+    # both reports, the repeat too, are acknowledged.
+    assert [name for name, _, _ in sent.sent] == ["portal.schedule_pass", "agent.ack", "agent.ack"]
 
 
 def test_a_finished_report_that_overtakes_started_still_records_the_start(
@@ -293,39 +303,267 @@ def test_a_finished_report_of_a_stale_attempt_is_ignored(node, team_and_user):
     assert not UsageRecord.objects.exists()
 
 
+def _sealed_as_is(message: object, *, node: str = NODE) -> dict[str, str]:
+    """An envelope signed with the node's real key around a message that is not checked
+    first (``signed()`` refuses to seal an invalid one): what a buggy agent could send."""
+    text = json.dumps(
+        {"node": node, "ts": time.time(), "nonce": uuid.uuid4().hex, "msg": message},
+        separators=(",", ":"),
+    )
+    return {"signed": text, "sig": sign_text(node_keys([node])[node], text)}
+
+
 @pytest.mark.parametrize(
-    "message",
+    ("message", "reason"),
     [
-        {"type": "finished", "v": 1, "node": NODE, "job_id": 1, "attempt": 1},
-        {"type": "exploded", "v": 1},
-        {"type": "started", "v": 99, "node": NODE, "job_id": 1, "attempt": 1, "started_at": 1.0},
-        "not a message",
+        ({"type": "finished", "v": 2, "node": NODE, "job_id": 1, "attempt": 1}, "invalid"),
+        ({"type": "exploded", "v": 2}, "wrong_direction"),
+        (
+            {"type": "started", "v": 1, "node": NODE, "job_id": 1, "attempt": 1, "started_at": 1.0},
+            "invalid",
+        ),
+        ("not a message", "wrong_direction"),
     ],
 )
-def test_a_bad_report_is_logged_and_dropped_without_retry(node, team_and_user, message, caplog):
+def test_a_bad_report_is_refused_recorded_and_not_retried(
+    node, team_and_user, message, reason, caplog
+):
     job = _holding_job(*team_and_user, state=JobState.RUNNING)
+    events = job.events.count()
 
-    assert _report(message) == "dropped"
+    assert agent_report(_sealed_as_is(message)) == f"refused: {reason}"
 
-    assert "dropped a bad" in caplog.text
+    assert "refused a" in caplog.text
+    assert RefusedMessage.objects.filter(node=NODE, reason=reason).count() == 1
     job.refresh_from_db()
-    assert job.state == "RUNNING"
+    assert (job.state, job.events.count()) == ("RUNNING", events)
 
 
-# --- reconciliation --------------------------------------------------------------------------
+# --- acknowledgements --------------------------------------------------------------------------
 
 
-def test_a_running_job_its_agent_no_longer_lists_is_lost_and_requeued(node, team_and_user):
-    job = _holding_job(*team_and_user, state=JobState.RUNNING, held_for_s=300.0)
-    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=290))
+def _key(kind: str, job_id: int, attempt: int, seq: int = 0) -> dict:
+    return {"kind": kind, "job_id": job_id, "attempt": attempt, "seq": seq}
 
-    _report(heartbeat(NODE, running=[]))
+
+def test_each_report_is_acknowledged_with_its_key_once_it_committed(
+    node, team_and_user, django_capture_on_commit_callbacks
+):
+    job = _holding_job(*team_and_user, state=JobState.ASSIGNED)
+
+    with capture_sent_messages() as sent:
+        with django_capture_on_commit_callbacks() as callbacks:
+            _report(started(job.pk, 1))
+            _report(log_chunk(job.pk, 1, 0, "hello\n"))
+            _report(finished(job.pk, 1))
+        # Nothing goes out before the transaction that applied the reports committed.
+        assert sent.acks() == []
+        for callback in callbacks:
+            callback()
+
+    assert Job.objects.get(pk=job.pk).state == "SUCCEEDED"
+    assert sent.acks() == [
+        (
+            {
+                "type": "ack",
+                "v": 2,
+                "node": NODE,
+                "boot": "",
+                "heartbeat_seq": None,
+                "lease_s": None,
+                "reports": [key],
+            },
+            f"node.{NODE}",
+        )
+        for key in (
+            _key("started", job.pk, 1),
+            _key("log", job.pk, 1, 0),
+            _key("finished", job.pk, 1),
+        )
+    ]
+
+
+def test_a_repeated_or_stale_report_is_acknowledged_all_the_same(
+    node, team_and_user, django_capture_on_commit_callbacks
+):
+    """The agent must be able to forget a report the portal has no use for, or its outbox
+    would resend it forever."""
+    team, alice = team_and_user
+    done = _holding_job(team, alice, state=JobState.RUNNING)
+    moved_on = make_job(team=team, user=alice, state=JobState.RUNNING, attempt=2)
+    allocate(moved_on, [stable_uuid("GPU", NODE, 1)])
+    _report(finished(done.pk, 1))
+    events = {job.pk: job.events.count() for job in (done, moved_on)}
+
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        _report(finished(done.pk, 1, outcome="failed", exit_code=1))  # a repeat
+        _report(finished(moved_on.pk, 1, outcome="failed", exit_code=1))  # a stale attempt
+        _report(started(moved_on.pk, 1))
+
+    assert [m["reports"] for m, _ in sent.acks()] == [
+        [_key("finished", done.pk, 1)],
+        [_key("finished", moved_on.pk, 1)],
+        [_key("started", moved_on.pk, 1)],
+    ]
+    assert Job.objects.get(pk=done.pk).state == "SUCCEEDED"
+    assert (Job.objects.get(pk=moved_on.pk).state, moved_on.events.count()) == (
+        "RUNNING",
+        events[moved_on.pk],
+    )
+    assert done.events.count() == events[done.pk]
+
+
+def test_a_heartbeat_is_acknowledged_with_its_run_seq_lease_and_the_reports_it_settled(
+    node, team_and_user, settings, django_capture_on_commit_callbacks
+):
+    settings.AGENT_LEASE_S = 12.0
+    job = _holding_job(*team_and_user, state=JobState.RUNNING)
+    beat = heartbeat(NODE, finished=[finished(job.pk, 1)])
+
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        assert _report(beat) == "heartbeat"
+
+    assert sent.acks() == [
+        (
+            {
+                "type": "ack",
+                "v": 2,
+                "node": NODE,
+                "boot": beat["boot"],
+                "heartbeat_seq": beat["seq"],
+                "lease_s": 12.0,
+                "reports": [_key("finished", job.pk, 1)],
+            },
+            f"node.{NODE}",
+        )
+    ]
+
+
+# --- what a heartbeat settles --------------------------------------------------------------------
+
+
+def test_a_finished_attempt_in_a_heartbeat_ends_the_job_as_its_report_would(node, team_and_user):
+    job = _holding_job(*team_and_user, state=JobState.RUNNING, held_for_s=100.0)
+    ended = time.time()
+
+    _report(
+        heartbeat(
+            NODE,
+            finished=[
+                finished(job.pk, 1, outcome="failed", exit_code=3, error="exit code 3", at=ended)
+            ],
+        )
+    )
 
     job.refresh_from_db()
-    assert (job.state, job.attempt) == ("PENDING", 1)
-    assert list(job.events.values_list("to_state", flat=True))[-2:] == ["LOST", "PENDING"]
+    assert (job.state, job.exit_code, job.reason) == ("FAILED", 3, "exit code 3")
+    assert job.finished_at == datetime.fromtimestamp(ended, tz=UTC)
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
     assert UsageRecord.objects.filter(job=job, attempt=1).count() == 1
+    # The report itself, arriving late, changes nothing more.
+    events = job.events.count()
+    _report(finished(job.pk, 1, outcome="failed", exit_code=3, error="exit code 3", at=ended))
+    assert job.events.count() == events
+    assert UsageRecord.objects.filter(job=job).count() == 1
+
+
+def test_a_running_attempt_with_a_start_time_in_a_heartbeat_moves_assigned_to_running(
+    node, team_and_user
+):
+    job = _holding_job(*team_and_user, state=JobState.ASSIGNED)
+    began = time.time() - 3
+    listed = RunningAttempt(job_id=job.pk, attempt=1, started_at=began, pid=4242)
+
+    _report(heartbeat(NODE, running=[listed]))
+
+    job.refresh_from_db()
+    assert (job.state, job.started_at) == ("RUNNING", datetime.fromtimestamp(began, tz=UTC))
+    (event,) = job.events.filter(to_state="RUNNING")
+    assert event.message == f"started on {NODE} (from its heartbeat)"
+    # Listed without a start time (still starting): left ASSIGNED, nothing asked.
+    other = make_job(
+        team=job.team,
+        user=job.user,
+        state=JobState.ASSIGNED,
+        assigned_at=timezone.now() - timedelta(seconds=100),
+    )
+    allocate(other, [stable_uuid("GPU", NODE, 1)])
+    _report(heartbeat(NODE, running=[(other.pk, 1)]))
+    assert Job.objects.get(pk=other.pk).state == "ASSIGNED"
+
+
+# --- never lost on one heartbeat ------------------------------------------------------------------
+
+
+def test_a_running_attempt_a_heartbeat_does_not_mention_stays_running_and_is_asked_about_once(
+    node, team_and_user, settings, django_capture_on_commit_callbacks
+):
+    settings.QUERY_RESEND_S = 10.0
+    job = _holding_job(*team_and_user, state=JobState.RUNNING, held_for_s=300.0)
+    events = job.events.count()
+
+    def beat() -> list:
+        with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+            assert _report(heartbeat(NODE, running=[])) == "heartbeat"
+        return sent.queries()
+
+    first, second = beat(), beat()
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.events.count()) == ("RUNNING", 1, events)
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 1
+    assert first == [
+        ({"type": "query", "v": 2, "node": NODE, "job_id": job.pk, "attempt": 1}, f"node.{NODE}")
+    ]
+    assert second == []  # within PORTAL_QUERY_RESEND_S: asked already
+    Dispatch.objects.filter(job=job, kind="query").update(
+        last_sent_at=timezone.now() - timedelta(seconds=11)
+    )
+    assert [m["job_id"] for m, _ in beat()] == [job.pk]
+    assert Dispatch.objects.get(job=job, kind="query").sends == 2
+    assert Job.objects.get(pk=job.pk).state == "RUNNING"
+
+
+@pytest.mark.parametrize("answer", ["unknown", "fenced", "lost"])
+def test_the_nodes_answer_that_an_attempt_is_gone_requeues_it_counting_a_retry(
+    node, team_and_user, settings, answer
+):
+    settings.JOB_MAX_RETRIES = 3
+    job = _holding_job(*team_and_user, state=JobState.RUNNING, held_for_s=300.0)
+    queued_since = job.queued_since
+
+    _report(finished(job.pk, 1, outcome=answer, exit_code=None, error="no record of it"))
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.queued_since) == ("PENDING", 1, queued_since)
+    lost, requeued = job.events.order_by("at", "id")[job.events.count() - 2 :]
+    assert (lost.from_state, lost.to_state) == ("RUNNING", "LOST")
+    assert lost.message == f"lost: {answer} on {NODE}: no record of it"
+    assert (requeued.to_state, requeued.message) == (
+        "PENDING",
+        "requeued after loss 1 of 4 allowed",
+    )
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+    assert UsageRecord.objects.filter(job=job, attempt=1).count() == 1
+
+
+def test_a_job_whose_cancel_was_asked_for_ends_cancelled_when_its_node_answers_fenced(
+    node, team_and_user
+):
+    job = _holding_job(
+        *team_and_user,
+        state=JobState.RUNNING,
+        stop_requested_at=timezone.now(),
+        stop_reason="cancel",
+    )
+
+    _report(finished(job.pk, 1, outcome="fenced", exit_code=137))
+
+    job.refresh_from_db()
+    assert (job.state, job.reason) == ("CANCELLED", "fenced")
+    assert job.finished_at is not None
+    assert not job.events.filter(to_state__in=["LOST", "PENDING"]).exclude(from_state="").exists()
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
 def test_reconciliation_leaves_listed_and_just_started_jobs_alone(node, team_and_user):

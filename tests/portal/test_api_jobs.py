@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -14,12 +11,11 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from portal.cluster.models import Allocation
-from portal.jobs.models import Job, JobDependency, JobEvent, JobLogChunk, JobState
+from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk, JobState
 from portal.jobs.testing import World, allocate, make_job, make_node
+from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.django_db
 
@@ -39,8 +35,7 @@ def world() -> World:
 
 def client_for(user: Any) -> APIClient:
     client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user)}")
     return client
 
 
@@ -51,19 +46,8 @@ def alice_api(world) -> APIClient:
 
 @contextmanager
 def patched_request_stop():
-    """Patch the scheduling shell's ``request_stop``, whether its module exists yet or not."""
-    target = "portal.cluster.dispatch.request_stop"
-    try:
-        importlib.import_module("portal.cluster.dispatch")
-    except ModuleNotFoundError:
-        stand_in = types.ModuleType("portal.cluster.dispatch")
-        with (
-            mock.patch.dict(sys.modules, {"portal.cluster.dispatch": stand_in}),
-            mock.patch(target, create=True) as stop,
-        ):
-            yield stop
-        return
-    with mock.patch(target, create=True) as stop:
+    """Patch what sends stops to the agents (``portal.agents.dispatch.request_stops``)."""
+    with mock.patch("portal.agents.dispatch.request_stops") as stop:
         yield stop
 
 
@@ -109,7 +93,7 @@ def test_submit_asks_for_a_scheduling_pass_after_commit(
     world, alice_api, django_capture_on_commit_callbacks
 ):
     with (
-        mock.patch("portal.scheduling.triggers.request_schedule_pass") as schedule,
+        mock.patch("portal.passes.request_schedule_pass") as schedule,
         django_capture_on_commit_callbacks(execute=True),
     ):
         response = alice_api.post("/api/v1/jobs/", BODY, format="json")
@@ -144,9 +128,9 @@ def test_submit_stores_dependencies_env_and_options(world, alice_api):
 
 
 def test_a_bearer_token_works_too(world):
-    token = Token.objects.create(user=world.alice)
+    token = token_issue(user=world.alice)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     assert client.get("/api/v1/jobs/").status_code == 200
 
 
@@ -189,7 +173,8 @@ def test_the_job_list_costs_the_same_few_queries_for_3_or_30_jobs(
     with CaptureQueriesContext(connection) as few:
         assert alice_api.get("/api/v1/jobs/").status_code == 200
     add_jobs(3, 27)
-    with django_assert_max_num_queries(3):  # token, count, page
+    # token, the user's and the token's rate-limit counters, count, page
+    with django_assert_max_num_queries(5):
         response = alice_api.get("/api/v1/jobs/")
     assert response.json()["count"] == 30
     assert all(job["node"] == "node-1" for job in response.json()["results"])
@@ -340,7 +325,7 @@ def test_cancel_of_a_running_job_requests_a_stop_from_its_agent_after_commit(
         response = alice_api.post(f"/api/v1/jobs/{job.pk}/cancel/")
 
     assert response.status_code == 200
-    request_stop.assert_called_once_with(job.pk)
+    request_stop.assert_called_once_with([job.pk])
     job.refresh_from_db()
     # Still RUNNING: the agent's "finished" report ends it and frees the slice.
     assert (job.state, job.stop_reason) == (JobState.RUNNING, "cancel")
@@ -358,7 +343,7 @@ def test_a_second_cancel_resends_the_stop_without_a_second_event(
         alice_api.post(f"/api/v1/jobs/{job.pk}/cancel/")
         alice_api.post(f"/api/v1/jobs/{job.pk}/cancel/")
 
-    assert request_stop.call_args_list == [mock.call(job.pk), mock.call(job.pk)]
+    assert request_stop.call_args_list == [mock.call([job.pk]), mock.call([job.pk])]
     assert JobEvent.objects.filter(job=job, message="cancel requested by alice").count() == 1
 
 
@@ -430,7 +415,7 @@ def test_the_team_list_shows_my_teams_or_all_for_a_site_admin(
 ):
     assert [team["name"] for team in alice_api.get("/api/v1/teams/").json()] == ["vision"]
     admin = client_for(world.admin)
-    with django_assert_max_num_queries(5):
+    with django_assert_max_num_queries(7):  # 5, plus the two rate-limit counters
         teams = admin.get("/api/v1/teams/").json()
     assert [(team["name"], team["can_edit_quota"]) for team in teams] == [
         ("nlp", True),
@@ -474,7 +459,9 @@ def test_a_quota_edit_with_bad_values_names_the_fields(world):
         }
     }
     response = admin.patch("/api/v1/teams/vision/", {"weight": -1, "limit_units": 1}, format="json")
-    assert response.json() == {"errors": {"weight": "-1 is out of range; allowed: a number >= 0"}}
+    assert response.json() == {
+        "errors": {"weight": "-1 is out of range; allowed: a number from 0 to 1000000"}
+    }
     response = admin.patch("/api/v1/teams/vision/", {"limit_units": 1}, format="json")
     assert response.json() == {
         "errors": {

@@ -7,11 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.cluster.models import Allocation
-from portal.jobs.models import Job, JobEvent, JobState
+from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
+from portal.policy import scheduler_config
 from portal.scheduling.apply import apply_decisions
-from portal.scheduling.config import scheduler_config
 from portal.scheduling.snapshot import load_snapshot
 from scheduler.model import (
     Assign,

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from portal.jobs.models import Job, JobDependency, JobEvent
 from portal.jobs.testing import World
 from portal.jobs.validation import MIG_PROFILES_ALLOWED
+from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +34,7 @@ def world() -> World:
 
 @pytest.fixture
 def token(world) -> str:
-    return Token.objects.create(user=world.alice).key
+    return token_issue(user=world.alice)
 
 
 def stored() -> tuple[int, int, int]:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
+from portal.agents.dispatch import request_stop, send_launch
+from portal.agents.models import Dispatch
+from portal.agents.testing import capture_sent_messages, register_node
 from portal.celery import app
-from portal.cluster.dispatch import request_stop, send_launch
-from portal.cluster.models import Allocation, Dispatch
-from portal.cluster.testing import capture_sent_messages, register_node
-from portal.jobs.models import Job, JobState
+from portal.jobs.models import Allocation, Job, JobState
 from portal.jobs.testing import allocate, make_job, make_team, make_user
 from workers.inventory import stable_uuid
 
@@ -66,7 +66,8 @@ def test_a_stop_is_sent_only_when_asked_for_and_each_call_sends_it_again(holding
 
     expected = {
         "type": "stop",
-        "v": 1,
+        "v": 2,
+        "node": NODE,
         "job_id": holding_job.pk,
         "attempt": 1,
         "reason": "preempt",
@@ -84,6 +85,6 @@ def test_a_job_that_cannot_be_expressed_as_a_launch_fails_and_frees_its_slices(h
 
     job = Job.objects.get(pk=holding_job.pk)
     assert job.state == "FAILED"
-    assert job.reason == "cannot be launched: launch.command: must have at least one element"
+    assert job.reason == "cannot be launched: launch.command: Expected `array` of length >= 1"
     assert sent.launches() == []
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from portal.jobs.models import Job, JobState
 from portal.jobs.selectors import job_get_for_user, job_list_for_user
 from portal.jobs.testing import World, make_job
 from portal.tenants.selectors import can_admin_team, teams_for_user
+from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.django_db
 
@@ -26,7 +26,7 @@ def vision_job(world) -> Job:
 
 def api_as(user) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user)}")
     return client
 
 

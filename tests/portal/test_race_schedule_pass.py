@@ -15,9 +15,8 @@ import pytest
 from django.db import connections
 from django.db.models import Count
 
-from portal.cluster.models import Allocation
-from portal.cluster.testing import capture_sent_messages, register_node
-from portal.jobs.models import HOLDING_STATES, Job, JobState
+from portal.agents.testing import capture_sent_messages, register_node
+from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.jobs.services import JobActionError, job_cancel, job_submit
 from portal.jobs.testing import make_team, make_user
 from portal.jobs.validation import validate_job_request

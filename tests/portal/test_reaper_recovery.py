@@ -1,4 +1,5 @@
-"""The reaper: lost agents, bounded requeues, and messages that got no answer."""
+"""The reaper: lost agents (only once their lease lapsed), bounded requeues, and messages
+that got no answer (a launch never started is asked about, never lost by a guess)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.cluster.models import Allocation, Dispatch, Node
-from portal.cluster.recovery import reap_lost_agents
-from portal.cluster.testing import capture_sent_messages, register_node
-from portal.jobs.models import Job, JobEvent, JobState
+from portal.agents.models import Dispatch, SeenNonce
+from portal.agents.recovery import reap_lost_agents
+from portal.agents.tasks import reap_lost_agents as reap_task
+from portal.agents.testing import capture_sent_messages, register_node
+from portal.cluster.models import Node
+from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import allocate, make_job, make_team, make_user
-from portal.scheduling.tasks import reap_lost_agents as reap_task
 from workers.inventory import stable_uuid
 
 pytestmark = pytest.mark.django_db
@@ -75,8 +77,9 @@ def test_an_agent_within_its_lease_is_left_alone(setup):
         "nodes_lost": 0,
         "jobs_lost": 0,
         "launches_resent": 0,
-        "launches_timed_out": 0,
+        "launches_queried": 0,
         "stops_resent": 0,
+        "nonces_forgotten": 0,
     }
     assert Job.objects.get(pk=job.pk).state == "RUNNING"
 
@@ -110,17 +113,52 @@ def test_a_launch_without_started_is_sent_again_but_not_on_every_beat(setup):
     assert (dispatch.attempt, dispatch.sends) == (1, 1)
 
 
-def test_a_job_that_never_starts_is_given_up_as_lost(setup):
+def test_a_node_is_lost_only_after_its_lease_a_second_before_nothing_happens(setup):
+    team, alice, node = setup
+    job = _holding(team, alice, GPU0)
+    last = timezone.now() - timedelta(seconds=5)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=last)
+    events = job.events.count()
+
+    early = reap_lost_agents(now=last + timedelta(seconds=30.0 - 1))
+
+    assert (early.nodes_lost, early.jobs_lost) == (0, 0)
+    assert Node.objects.get(pk=node.pk).state == Node.State.READY
+    job.refresh_from_db()
+    assert (job.state, job.events.count()) == ("RUNNING", events)
+
+    late = reap_lost_agents(now=last + timedelta(seconds=30.0 + 1))
+
+    assert (late.nodes_lost, late.jobs_lost) == (1, 1)
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == ("PENDING", 1)
+    lost, requeued = list(job.events.all())[-2:]
+    assert (lost.from_state, lost.to_state) == ("RUNNING", "LOST")
+    assert lost.message == f"lost: agent on {NODE} stopped sending heartbeats"
+    assert requeued.to_state == "PENDING"
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_a_launch_not_started_in_time_is_asked_about_not_lost(setup, settings):
+    settings.QUERY_RESEND_S = 10.0
     team, alice, _node = setup
     job = _holding(team, alice, GPU0, state=JobState.ASSIGNED, ago_s=601)
+    events = job.events.count()
 
     with capture_sent_messages() as sent:
         result = reap_lost_agents()
+        again = reap_lost_agents()
 
-    assert (result.launches_timed_out, result.launches_resent) == (1, 0)
+    assert (result.launches_queried, result.launches_resent, result.jobs_lost) == (1, 0, 0)
+    assert again.launches_queried == 0  # asked within PORTAL_QUERY_RESEND_S already
     job.refresh_from_db()
-    assert (job.state, job.attempt) == ("PENDING", 1)
+    assert (job.state, job.attempt, job.events.count()) == ("ASSIGNED", 1, events)
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 1
     assert sent.launches() == []
+    assert sent.queries() == [
+        ({"type": "query", "v": 2, "node": NODE, "job_id": job.pk, "attempt": 1}, f"node.{NODE}")
+    ]
+    assert Dispatch.objects.get(job=job, kind="query").sends == 1
 
 
 def test_a_stop_not_answered_is_sent_again(setup):
@@ -142,7 +180,8 @@ def test_a_stop_not_answered_is_sent_again(setup):
         (
             {
                 "type": "stop",
-                "v": 1,
+                "v": 2,
+                "node": NODE,
                 "job_id": job.pk,
                 "attempt": 1,
                 "reason": "cancel",
@@ -159,3 +198,15 @@ def test_the_beat_task_runs_the_reaper(setup):
     _silence(node, 31)
 
     assert reap_task.apply().get()["jobs_lost"] == 1
+
+
+def test_the_reaper_forgets_nonces_older_than_twice_the_allowed_skew(setup, settings):
+    settings.MESSAGE_MAX_SKEW_S = 300.0
+    now = timezone.now()
+    SeenNonce.objects.create(node=NODE, nonce="old-nonce-1", seen_at=now - timedelta(seconds=601))
+    SeenNonce.objects.create(node=NODE, nonce="new-nonce-1", seen_at=now - timedelta(seconds=599))
+
+    assert reap_lost_agents(now=now).nonces_forgotten == 1
+
+    assert set(SeenNonce.objects.values_list("nonce", flat=True)) >= {"new-nonce-1"}
+    assert not SeenNonce.objects.filter(nonce="old-nonce-1").exists()

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from portal.cluster.models import Allocation, Slice
-from portal.cluster.testing import capture_sent_messages, register_node
-from portal.jobs.models import Job, JobEvent, JobState
+from portal.agents.testing import capture_sent_messages, register_node
+from portal.cluster.models import Slice
+from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import make_job, make_team, make_user
 from portal.scheduling import lock
 from portal.scheduling.models import SchedulerState
@@ -48,7 +48,8 @@ def _held_slices(job: Job) -> list[Slice]:
 def _expected_launch(job: Job, devices: list[dict]) -> dict:
     return {
         "type": "launch",
-        "v": 1,
+        "v": 2,
+        "node": NODE,
         "job_id": job.pk,
         "attempt": 1,
         "name": job.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portal.env import ConfigError
-from portal.scheduling.config import scheduler_knobs_from_env
+from portal.policy import scheduler_knobs_from_env
 from scheduler.config import Policy, SchedulerConfig
 
 DEFAULTS = SchedulerConfig()

@@ -7,10 +7,10 @@ import io
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from portal.tenants.models import Membership, Team
+from portal.tenants.models import ApiToken, Membership, Team
+from portal.tenants.tokens import token_digest
 
 pytestmark = pytest.mark.django_db
 
@@ -72,15 +72,32 @@ def test_seed_demo_is_idempotent_and_keeps_changes(monkeypatch):
     assert "existing user, password unchanged" in output
 
 
-def test_issue_token_prints_a_token_that_authenticates(db):
+def authenticates(key: str) -> bool:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client.get("/api/v1/jobs/").status_code == 200
+
+
+def test_issue_token_prints_a_token_that_authenticates_and_stores_only_its_digest(db):
     run("seed_demo")
     key = run("issue_token", "alice").strip()
 
-    assert Token.objects.get(user__username="alice").key == key
-    assert run("issue_token", "alice").strip() == key  # the same token again
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
-    assert client.get("/api/v1/jobs/").status_code == 200
+    token = ApiToken.objects.get(user__username="alice")
+    assert token.digest == token_digest(key) != key
+    assert token.prefix == key[:8]
+    stored = [str(value) for value in ApiToken.objects.values_list(flat=False).get()]
+    assert key not in stored
+    assert authenticates(key)
+
+
+def test_issue_token_again_issues_a_second_token_and_both_work(db):
+    run("seed_demo")
+    first = run("issue_token", "alice").strip()
+    second = run("issue_token", "alice").strip()
+
+    assert first != second
+    assert ApiToken.objects.filter(user__username="alice").count() == 2
+    assert authenticates(first) and authenticates(second)
 
 
 def test_issue_token_rotate_revokes_the_old_token(db):
@@ -88,7 +105,9 @@ def test_issue_token_rotate_revokes_the_old_token(db):
     old = run("issue_token", "bob").strip()
     new = run("issue_token", "bob", "--rotate").strip()
     assert new != old
-    assert not Token.objects.filter(key=old).exists()
+    assert not ApiToken.objects.filter(digest=token_digest(old)).exists()
+    assert not authenticates(old)
+    assert authenticates(new)
 
 
 def test_issue_token_for_an_unknown_user_fails_with_exit_status_1(db):
@@ -99,4 +118,4 @@ def test_issue_token_for_an_unknown_user_fails_with_exit_status_1(db):
     assert str(caught.value) == (
         "unknown user 'mallory'; known users: admin, alice, bob, nick, vera"
     )
-    assert not Token.objects.exists()
+    assert not ApiToken.objects.exists()

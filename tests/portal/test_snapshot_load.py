@@ -11,7 +11,7 @@ from portal.accounting.models import UsageBalance, UsageRecord
 from portal.cluster.models import Node
 from portal.jobs.models import JobDependency, JobState
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
-from portal.scheduling.config import scheduler_config
+from portal.policy import scheduler_config
 from portal.scheduling.snapshot import load_snapshot
 from scheduler.model import (
     Dependency,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from workers.protocol import Device, Finished, Launch, LogChunk, Message, Started
+from workers.signing import seal
 
 GPU_0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
 GPU_3 = "GPU-3c3c3c3c-0000-4000-8000-000000000003"
@@ -32,9 +33,20 @@ MPS_SHARE = Device(
 )
 
 
+NODE = "node-h"
+# A node key as `manage.py node_add` makes them (32 random bytes); tests sign with it.
+TEST_KEY = bytes(range(32))
+
+
+def sealed(message: Message, *, node: str = NODE, key: bytes = TEST_KEY, now: float) -> dict:
+    """`message` in the signed envelope the portal would send to `node`."""
+    return seal(message, node=node, key=key, now=now)
+
+
 def make_launch(
     command: list[str],
     *,
+    node: str = NODE,
     job_id: int = 1,
     attempt: int = 0,
     devices: tuple[Device, ...] = (WHOLE_GPU,),
@@ -42,6 +54,7 @@ def make_launch(
     time_limit_s: float | None = None,
 ) -> Launch:
     return Launch(
+        node=node,
         job_id=job_id,
         attempt=attempt,
         name=f"job-{job_id}",
@@ -60,9 +73,12 @@ class RecordingSender:
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.broken: Exception | None = None  # set to make every send fail (broker away)
         self._changed = threading.Condition()
 
     def __call__(self, message: Message) -> None:
+        if self.broken is not None:
+            raise self.broken
         with self._changed:
             self.messages.append(message)
             self._changed.notify_all()

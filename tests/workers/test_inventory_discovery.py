@@ -117,6 +117,7 @@ BAD_DESCRIPTIONS = [
     ('{"gpus": [{"mode": "whole", "colour": 1}]}', "gpus[0].colour: unknown field (allowed: model"),
     ('{"gpus": [{"memory_mb": "80GB"}]}', "gpus[0].memory_mb: must be int; got '80GB'"),
     ('{"gpus": [{"memory_mb": -5}]}', "gpus[0].memory_mb: must be positive"),
+    ('{"gpus": [{"model": ""}]}', "gpus[0].model: must be a non-empty string; got ''"),
     ('{"gpus": [{"count": 0}]}', "gpus[0].count: must be 1 or more"),
     ('{"gpus": [{"count": true}]}', "gpus[0].count: must be int; got True"),
     ('{"gpus": [{"mode": "mig"}]}', "gpus[0].mig: list the MIG profiles"),

@@ -11,6 +11,7 @@ import pytest
 from agent_doubles import GPU_0, GPU_3, MPS_SHARE, RecordingSender, make_launch
 
 from workers.launchers.process import ProcessLauncher
+from workers.outbox import AttemptJournal
 from workers.protocol import LOG_CHUNK_MAX_BYTES, Finished, Started, Stop
 from workers.supervisor import Supervisor
 
@@ -20,7 +21,13 @@ PY = sys.executable
 @pytest.fixture
 def supervisor(tmp_path: Path, sender: RecordingSender) -> Supervisor:
     launcher = ProcessLauncher(workdir=tmp_path / "agent", mps_root=tmp_path / "mps")
-    supervisor = Supervisor(node="node-t", launcher=launcher, send=sender, kill_grace_s=1.0)
+    supervisor = Supervisor(
+        node="node-t",
+        launcher=launcher,
+        report=lambda message: sender(message) or True,
+        journal=AttemptJournal(tmp_path / "attempts"),
+        kill_grace_s=1.0,
+    )
     yield supervisor
     supervisor.shutdown(grace_s=0.5)
 
@@ -62,8 +69,8 @@ def test_a_job_runs_in_its_own_work_directory_with_the_agents_path(
     code = "import os; print(os.getcwd()); print(os.environ['HOME']); print(os.environ['PATH'])"
     supervisor.launch(make_launch(python(code), job_id=7, attempt=3))
     assert sender.finished(7, 3).outcome == "succeeded"
-    job_dir = tmp_path / "agent" / "jobs" / "7-3"
-    assert sender.log_text(7, 3) == f"{job_dir}\n{job_dir}\n{os.environ['PATH']}\n"
+    work_dir = tmp_path / "agent" / "jobs" / "7-3" / "work"
+    assert sender.log_text(7, 3) == f"{work_dir}\n{work_dir}\n{os.environ['PATH']}\n"
 
 
 def test_a_nonzero_exit_is_reported_as_failed_with_its_code(
@@ -103,7 +110,7 @@ def test_stop_cancels_a_running_job(supervisor: Supervisor, sender: RecordingSen
         make_launch(python("import time; print('working', flush=True); time.sleep(60)"))
     )
     sender.wait_for(lambda m: getattr(m, "data", "") == "working\n")
-    supervisor.stop(Stop(job_id=1, attempt=0, reason="cancel", grace_s=5.0))
+    supervisor.stop(Stop(node="node-h", job_id=1, attempt=0, reason="cancel", grace_s=5.0))
     finished = sender.finished()
     assert (finished.outcome, finished.exit_code, finished.error) == (
         "cancelled",
@@ -122,7 +129,7 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace_period(
     supervisor.launch(make_launch(python(code)))
     sender.wait_for(lambda m: getattr(m, "data", "") == "ready\n")
     began = time.monotonic()
-    supervisor.stop(Stop(job_id=1, attempt=0, reason="preempt", grace_s=0.5))
+    supervisor.stop(Stop(node="node-h", job_id=1, attempt=0, reason="preempt", grace_s=0.5))
     finished = sender.finished()
     assert (finished.outcome, finished.exit_code) == ("preempted", 137)  # 128 + SIGKILL
     assert 0.4 < time.monotonic() - began < 10
@@ -196,8 +203,16 @@ def test_shutdown_stops_running_jobs_as_preempted(
 
 
 def restarted_supervisor(tmp_path: Path, sender: RecordingSender) -> Supervisor:
+    """A second agent run on the same work directory whose journal was lost: only the
+    launcher's own record of the attempt directory stands between it and a second run."""
     launcher = ProcessLauncher(workdir=tmp_path / "agent", mps_root=tmp_path / "mps")
-    return Supervisor(node="node-t", launcher=launcher, send=sender, kill_grace_s=0.5)
+    return Supervisor(
+        node="node-t",
+        launcher=launcher,
+        report=lambda message: sender(message) or True,
+        journal=AttemptJournal(tmp_path / "attempts-after-loss"),
+        kill_grace_s=0.5,
+    )
 
 
 def test_an_attempt_still_running_from_an_earlier_agent_run_is_not_started_twice(

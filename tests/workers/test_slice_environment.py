@@ -105,6 +105,7 @@ def test_the_same_gpu_twice_cannot_be_launched() -> None:
 
 def test_user_env_is_kept_but_cannot_override_the_slice_variables() -> None:
     launch = Launch(
+        node="node-e",
         job_id=42,
         attempt=2,
         name="n",

@@ -1,138 +1,587 @@
 """Run an attempt as a local process: the embedded default and the tests.
 
-The process gets the job environment (slice variables included), its own process group
-(so a stop reaches everything it spawned), a work directory of its own under
-`<workdir>/jobs/<job_id>-<attempt>` (also its HOME), and stdout+stderr on one pipe. A `pid`
-file there lets a restarted agent refuse a launch whose attempt still runs.
+Each attempt is started through its own shim (`workers/shim.py`), which starts the command
+and stays its parent: it kills the job when the agent dies (lifeline) and stops it when the
+agent's lease lapses (fencing), even while the agent is frozen. The command gets the job
+environment (slice variables included), its own session and process group, stdin from
+/dev/null and stdout+stderr on one pipe that the agent reads.
+
+Layout, one directory per attempt: `<workdir>/jobs/<job_id>-<attempt>/` belongs to the agent
+and holds `pid` (the shim's and the job's process group, so a restarted agent can find and
+kill what an earlier run left) and `fenced` (why the shim stopped the job, when it did); the
+job's own `work/` inside it is its working directory and HOME. The job cannot touch the
+records: with job uids it does not own their directory.
+
+Isolation, when the agent runs as root (see `isolation_summary`): each running attempt gets a
+uid and gid of its own from `PORTAL_AGENT_JOB_UIDS`, no supplementary groups, a private work
+directory (0700), and its own network namespace (a loopback that is down: no TCP service of
+the host is reachable, Redis and PostgreSQL included). When the attempt ends every process of
+its uid is killed (a `setsid` does not escape) and its directory is closed to other uids.
+Without root, jobs run as the agent's user, in a user + network namespace when the kernel
+allows one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
+import re
 import signal
+import socket
+import stat
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
+import workers
 from workers.launch import LaunchError, job_environment
 from workers.launchers import exit_code_from_returncode
 from workers.protocol import Launch
+from workers.settings import AgentSettings, SettingsError
+from workers.shim import (
+    FENCED_FILE,
+    group_alive,
+    kill_group,
+    kill_uid,
+    process_is,
+    processes,
+    read_record,
+)
+
+log = logging.getLogger(__name__)
 
 # Only these are passed through from the agent's own environment; everything else a job
 # sees comes from the launch message or the slice.
 PASS_THROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")
 READ_SIZE = 64 * 1024
-PID_FILE = "pid"
+WORK_DIR = "work"
+ATTEMPT_DIR_NAME = re.compile(r"^(\d+)-(\d+)$")
+SHIM_REPLY_TIMEOUT_S = 30.0
+# The shim runs from the project root with `-E -s`: a job's PYTHON* variables or a file in
+# its directory must never change the code that runs with the agent's privileges.
+PROJECT_ROOT = Path(workers.__file__).resolve().parent.parent
+NETWORK_CHOICES = ("auto", "none", "host")
+
+
+# --- isolation plan ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Isolation:
+    """What this host can give each job, decided once when the launcher is built."""
+
+    uids: tuple[int, int] | None  # the pool, or None: jobs run as the agent's user
+    network: str  # "isolate" or "host"
+    agent_uid: int
+    why_host_network: str  # when network is "host": why
+
+    def summary(self) -> str:
+        if self.uids is not None:
+            first, last = self.uids
+            who = f"jobs run as uid {first}-{last} (one per running attempt, no groups)"
+        else:
+            who = f"jobs run as the agent's user (uid {self.agent_uid})"
+        if self.network == "isolate":
+            net = "in their own network namespace (no network)"
+        else:
+            net = f"with the host network ({self.why_host_network})"
+        shared = "CPU, memory, GPU memory, /tmp, /dev/shm, world-readable host files"
+        if self.uids is not None and self.network == "isolate":
+            return f"{who} {net}; files: private job directories; not isolated: {shared}"
+        exposed = ["the network"] if self.network == "host" else []
+        if self.uids is None:
+            exposed.append("the agent's files and processes")
+        hint = "; run the agent as root to isolate" if self.agent_uid != 0 else ""
+        return f"{who} {net}; NOT isolated: {', '.join(exposed)}, {shared}{hint}"
+
+
+def plan_isolation(*, job_uids: tuple[int, int] | None, network: str) -> Isolation:
+    """`job_uids` applies to a root agent only; `network` is auto, none or host (see
+    PORTAL_AGENT_JOB_NETWORK in docs/agent.md). `none` that cannot be had is a SettingsError."""
+    if network not in NETWORK_CHOICES:
+        raise SettingsError(
+            f"PORTAL_AGENT_JOB_NETWORK: must be one of auto, none, host; got {network!r}"
+        )
+    agent_uid = os.geteuid()
+    uids = job_uids if agent_uid == 0 else None
+    if network == "host":
+        return Isolation(uids, "host", agent_uid, "PORTAL_AGENT_JOB_NETWORK=host")
+    refused = _network_isolation_refused()
+    if not refused:
+        return Isolation(uids, "isolate", agent_uid, "")
+    if network == "none":
+        raise SettingsError(
+            "PORTAL_AGENT_JOB_NETWORK: none was asked for but this host cannot give a job its "
+            f"own network namespace ({refused}); run the agent as root, allow unprivileged "
+            "user namespaces, or set host"
+        )
+    return Isolation(uids, "host", agent_uid, f"no network namespace here: {refused}")
+
+
+@functools.cache
+def _network_isolation_refused() -> str:
+    """'' when a shim may unshare its network namespace here, else the kernel's reason. Tried
+    in a child: the change cannot be undone."""
+    probe = subprocess.run(
+        [*_shim_argv(), "--probe"],
+        cwd=PROJECT_ROOT,
+        env=_shim_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    answer = probe.stdout.strip() or probe.stderr.strip()[-200:] or f"exit code {probe.returncode}"
+    return "" if answer == "ok" else answer
+
+
+def isolation_summary(settings: AgentSettings) -> str:
+    """One line for the startup banner: what is isolated and what is not on this host."""
+    if settings.launcher != "process":
+        return "jobs run in containers (docker launcher)"
+    try:
+        return plan_isolation(job_uids=settings.job_uids, network=settings.job_network).summary()
+    except SettingsError as exc:
+        return f"jobs cannot start: {exc}"
+
+
+def process_launcher(settings: AgentSettings) -> ProcessLauncher:
+    """The launcher the agent uses, configured from its settings."""
+    from workers.lease import lease_path
+
+    return ProcessLauncher(
+        workdir=settings.workdir,
+        mps_root=settings.mps_root,
+        lease_path=lease_path(settings.workdir),
+        fence_grace_s=settings.fence_grace_s,
+        job_uids=settings.job_uids,
+        network=settings.job_network,
+        private_dir=settings.var_dir,
+    )
+
+
+class JobUids:
+    """Hands each running attempt a uid of its own: never one another attempt holds, never one
+    that still runs a process (left over from an earlier agent run, say). The cursor turns, so
+    a uid is reused as late as possible."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        self._held: set[int] = set()
+        self._next = first
+        self._lock = threading.Lock()
+
+    def acquire(self) -> int:
+        size = self.last - self.first + 1
+        with self._lock:
+            running = {p.uid for p in processes()}
+            for step in range(size):
+                uid = self.first + (self._next - self.first + step) % size
+                if uid not in self._held and uid not in running:
+                    self._held.add(uid)
+                    self._next = uid + 1
+                    return uid
+        raise LaunchError(
+            f"all {size} job uids ({self.first}-{self.last}) are in use; "
+            "widen PORTAL_AGENT_JOB_UIDS"
+        )
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._held.discard(uid)
+
+    def held(self) -> set[int]:
+        with self._lock:
+            return set(self._held)
+
+
+# --- one run ----------------------------------------------------------------------------------
 
 
 class ProcessRun:
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self._process = process
-        self.pid: int | None = process.pid
+    def __init__(
+        self,
+        *,
+        shim: subprocess.Popen[bytes],
+        control: socket.socket,
+        output_fd: int,
+        pid: int,
+        attempt_dir: Path,
+        on_release: Callable[[], None],
+    ) -> None:
+        self._shim = shim
+        self._control = control  # dropping it would close the lifeline: the shim kills the job
+        self._output_fd = output_fd
+        self.pid: int | None = pid  # the job's pid, which is also its process group
         self.container_id: str | None = None
-        self._kill_timer: threading.Timer | None = None
+        self.attempt_dir = attempt_dir
+        self._on_release = on_release
+        self._released = False
 
     def output(self) -> Iterator[bytes]:
-        stream = self._process.stdout
-        assert stream is not None
+        """Read once: the pipe is closed when this ends (or is dropped)."""
+        fd, self._output_fd = self._output_fd, -1
+        if fd < 0:
+            return
         try:
-            while data := os.read(stream.fileno(), READ_SIZE):
+            while data := os.read(fd, READ_SIZE):
                 yield data
         finally:
-            stream.close()
+            os.close(fd)
 
     def wait(self) -> int:
-        return exit_code_from_returncode(self._process.wait())
+        return exit_code_from_returncode(self._shim.wait())
 
     def has_exited(self) -> bool:
-        return self._process.poll() is not None
+        return self._shim.poll() is not None
 
     def terminate(self, grace_s: float) -> None:
-        self._signal_group(signal.SIGTERM)
-        if self._kill_timer is None:
-            self._kill_timer = threading.Timer(grace_s, self._signal_group, (signal.SIGKILL,))
-            self._kill_timer.daemon = True
-            self._kill_timer.start()
+        """The shim, the job's parent, signals the group: SIGTERM now, SIGKILL after grace."""
+        self._tell(f"stop {grace_s}")
 
     def reap(self) -> None:
-        if self._kill_timer is not None:
-            self._kill_timer.cancel()
-        # Children the command left running would hold the GPU (and our pipe) open.
-        self._signal_group(signal.SIGKILL)
+        """The shim kills what the job left when it ends; this covers a shim that was killed
+        itself (its job would otherwise run on unwatched)."""
+        if self._shim.poll() is None:
+            self._tell("kill")
+        else:
+            kill_leftovers(self.attempt_dir, spare_uids=set())
 
     def release(self) -> None:
-        """Nothing to free: the work directory stays for the user's files."""
+        if self._released:
+            return
+        self._released = True
+        self._control.close()
+        self._on_release()
 
-    def _signal_group(self, sig: signal.Signals) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # group gone already
-            os.killpg(self._process.pid, sig)
+    def fenced(self) -> str | None:
+        """Why the shim stopped the job because the agent's lease lapsed; None if it did not."""
+        try:
+            return (self.attempt_dir / FENCED_FILE).read_text().strip() or "fenced"
+        except FileNotFoundError:
+            return None
+
+    def _tell(self, line: str) -> None:
+        with contextlib.suppress(OSError):  # the shim has gone: nothing left to stop
+            self._control.sendall(line.encode() + b"\n")
+
+
+# --- the launcher -----------------------------------------------------------------------------
 
 
 class ProcessLauncher:
     name = "process"
 
     def __init__(
-        self, *, workdir: Path, mps_root: Path, environ: Mapping[str, str] | None = None
+        self,
+        *,
+        workdir: Path,
+        mps_root: Path,
+        environ: Mapping[str, str] | None = None,
+        lease_path: Path | None = None,
+        fence_grace_s: float = 2.0,
+        job_uids: tuple[int, int] | None = None,
+        network: str = "host",
+        private_dir: Path | None = None,
     ) -> None:
+        """`lease_path`: the agent's lease file, watched by every shim (None: not watched,
+        for tests). `job_uids`: the uid pool for a root agent (None: the agent's user).
+        `network`: auto, none or host. `private_dir`: a directory (the portal's var dir) none
+        of whose contents a job uid may open, apart from the launcher's own tree; a launch is
+        refused while something there is open to them."""
         self.workdir = workdir
         self.mps_root = mps_root
         self._environ = os.environ if environ is None else environ
+        self.lease_path = lease_path
+        self.fence_grace_s = fence_grace_s
+        self.private_dir = private_dir
+        self.isolation = plan_isolation(job_uids=job_uids, network=network)
+        self._uids = JobUids(*self.isolation.uids) if self.isolation.uids else None
+        log.info("process launcher: %s", self.isolation.summary())
 
     def job_dir(self, launch: Launch) -> Path:
+        """The attempt's directory (the agent's); the job works in its `work/`."""
         return self.workdir / "jobs" / f"{launch.job_id}-{launch.attempt}"
 
-    def start(self, launch: Launch) -> ProcessRun:
-        job_dir = self._fresh_job_dir(launch)
-        base = {k: self._environ[k] for k in PASS_THROUGH_ENV if k in self._environ}
-        base["HOME"] = str(job_dir)
-        env = job_environment(launch, mps_root=self.mps_root, base=base)
-        try:
-            process = subprocess.Popen(
-                list(launch.command),
-                env=env,
-                cwd=job_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own session and process group: stop reaches all
-            )
-        except FileNotFoundError:
-            raise LaunchError(f"command not found: {launch.command[0]}") from None
-        except PermissionError:
-            raise LaunchError(f"command is not executable: {launch.command[0]}") from None
-        (job_dir / PID_FILE).write_text(f"{process.pid}\n")
-        return ProcessRun(process)
+    def work_dir(self, launch: Launch) -> Path:
+        return self.job_dir(launch) / WORK_DIR
 
-    def _fresh_job_dir(self, launch: Launch) -> Path:
-        """The attempt's work directory, new. One left by an earlier agent run is refused
-        while its process group still runs (the attempt must not run twice) and moved aside
-        otherwise (for example after the portal's database was reset)."""
-        job_dir = self.job_dir(launch)
-        if job_dir.exists():
-            pid = _recorded_pid(job_dir / PID_FILE)
-            if pid is not None and _group_alive(pid):
+    def start(self, launch: Launch) -> ProcessRun:
+        uid = self._uids.acquire() if self._uids is not None else None
+        try:
+            return self._start(launch, uid)
+        except BaseException:
+            if uid is not None and self._uids is not None:
+                self._uids.release(uid)
+            raise
+
+    def reap_leftovers(self, keep: set[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Kill what an earlier agent run left running (its shim, the job's process group and
+        every process of its uid) for every attempt not in `keep`; the keys of those killed,
+        in order. Call before launching anything."""
+        killed: list[tuple[int, int]] = []
+        jobs = self.workdir / "jobs"
+        if not jobs.is_dir():
+            return killed
+        spare = self._uids.held() if self._uids is not None else set()
+        for attempt_dir in sorted(jobs.iterdir()):
+            match = ATTEMPT_DIR_NAME.match(attempt_dir.name)
+            if match is None or not attempt_dir.is_dir():
+                continue
+            key = (int(match[1]), int(match[2]))
+            if key in keep:
+                continue
+            if kill_leftovers(attempt_dir, spare_uids=spare):
+                log.warning("killed job %s attempt %s, left running by an earlier agent", *key)
+                killed.append(key)
+        return killed
+
+    # Start ------------------------------------------------------------------------------------
+
+    def _start(self, launch: Launch, uid: int | None) -> ProcessRun:
+        if uid is not None:
+            self._refuse_exposed_private_files()
+        attempt_dir = self._fresh_attempt_dir(launch)
+        work_dir = attempt_dir / WORK_DIR
+        work_dir.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(work_dir, uid, uid)
+            _check_reachable(work_dir, uid)
+        base = {k: self._environ[k] for k in PASS_THROUGH_ENV if k in self._environ}
+        base["HOME"] = str(work_dir)
+        env = job_environment(launch, mps_root=self.mps_root, base=base)
+        agent_end, shim_end = socket.socketpair()
+        out_read, out_write = os.pipe()
+        argv = [
+            *_shim_argv(),
+            f"--fd={shim_end.fileno()}",
+            f"--parent={os.getpid()}",
+            f"--attempt-dir={attempt_dir}",
+            f"--work-dir={work_dir}",
+            f"--fence-grace={self.fence_grace_s}",
+            f"--network={self.isolation.network}",
+        ]
+        if self.lease_path is not None:
+            argv.append(f"--lease={self.lease_path}")
+        if uid is not None:
+            argv += [f"--uid={uid}", f"--gid={uid}"]
+        try:
+            shim = subprocess.Popen(
+                argv,
+                cwd=PROJECT_ROOT,
+                env=_shim_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=out_write,
+                stderr=out_write,
+                pass_fds=(shim_end.fileno(),),
+                start_new_session=True,  # a Ctrl-C meant for the agent must not reach it
+            )
+        except BaseException:
+            for fd in (out_read, out_write):
+                os.close(fd)
+            agent_end.close()
+            raise
+        finally:
+            shim_end.close()
+        os.close(out_write)
+        try:
+            pid = self._handshake(agent_end, shim, out_read, launch, env)
+        except BaseException:
+            agent_end.close()  # the lifeline: a shim still running kills what it started
+            shim.wait()
+            os.close(out_read)
+            raise
+
+        def on_release() -> None:
+            if uid is not None and self._uids is not None:
+                self._uids.release(uid)
+
+        return ProcessRun(
+            shim=shim,
+            control=agent_end,
+            output_fd=out_read,
+            pid=pid,
+            attempt_dir=attempt_dir,
+            on_release=on_release,
+        )
+
+    def _handshake(
+        self,
+        control: socket.socket,
+        shim: subprocess.Popen[bytes],
+        out_read: int,
+        launch: Launch,
+        env: Mapping[str, str],
+    ) -> int:
+        import json
+
+        control.settimeout(SHIM_REPLY_TIMEOUT_S)
+        try:
+            request = {"command": list(launch.command), "env": dict(env)}
+            control.sendall(json.dumps(request).encode() + b"\n")
+            reply = b""
+            while b"\n" not in reply:
+                data = control.recv(4096)
+                if not data:
+                    break
+                reply += data
+        except OSError as exc:
+            raise LaunchError(f"the job's shim did not answer: {exc}") from None
+        control.settimeout(None)
+        word, _, rest = reply.decode(errors="replace").strip().partition(" ")
+        if word == "started":
+            return int(rest)
+        if word == "error":
+            raise LaunchError(rest)
+        shim.wait()
+        said = _drain(out_read).strip().splitlines()
+        raise LaunchError(
+            f"the job's shim exited before starting the job (exit code {shim.returncode})"
+            + (f": {said[-1]}" if said else "")
+        )
+
+    def _fresh_attempt_dir(self, launch: Launch) -> Path:
+        """The attempt's directory, new. One left by an earlier agent run is refused while
+        anything of it still runs (the attempt must not run twice) and moved aside otherwise
+        (for example after the portal's database was reset)."""
+        attempt_dir = self.job_dir(launch)
+        jobs = attempt_dir.parent
+        if attempt_dir.exists():
+            spare = self._uids.held() if self._uids is not None else set()
+            if attempt_alive(attempt_dir, spare_uids=spare):
+                pgid = read_record(attempt_dir).get("pgid")
                 raise LaunchError(
                     f"attempt already running on this node, started by an earlier agent run "
-                    f"(process group {pid})"
+                    f"(process group {pgid})"
                 )
-            job_dir.rename(job_dir.with_name(f"{job_dir.name}.replaced-{time.time_ns()}"))
-        job_dir.mkdir(parents=True)
-        return job_dir
+            attempt_dir.rename(jobs / f"{attempt_dir.name}.replaced-{time.time_ns()}")
+        jobs.mkdir(parents=True, exist_ok=True)
+        # With job uids, each must be able to pass through to its own directory (search
+        # permission only: no listing, no reading of anything else).
+        mode = 0o711 if self._uids is not None else 0o700
+        if self._uids is not None:
+            for traversed in self._dirs_down_to_jobs():
+                traversed.chmod(traversed.stat().st_mode & 0o7777 | 0o001)
+        attempt_dir.mkdir(mode=mode)
+        attempt_dir.chmod(mode)  # mkdir's mode is masked by the umask
+        return attempt_dir
+
+    def _dirs_down_to_jobs(self) -> list[Path]:
+        """`<workdir>/jobs`, the workdir and, when it lies in the private dir, every directory
+        from there down to it: job uids must pass through them (and only pass)."""
+        dirs = [self.workdir / "jobs", self.workdir]
+        if self.private_dir is not None and self.workdir.is_relative_to(self.private_dir):
+            dirs += [d for d in self.workdir.parents if d.is_relative_to(self.private_dir)]
+        return dirs
+
+    def _refuse_exposed_private_files(self) -> None:
+        if self.private_dir is None:
+            return
+        exposed = exposed_paths(self.private_dir, managed=self.workdir)
+        if exposed:
+            shown = " ".join(str(p) for p in exposed[:5])
+            more = f" and {len(exposed) - 5} more" if len(exposed) > 5 else ""
+            raise LaunchError(
+                f"jobs could open the portal's files: {shown}{more}; close them to other "
+                f"users (chmod o-rwx ...) before jobs can run"
+            )
 
 
-def _recorded_pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
+# --- what an attempt left behind ----------------------------------------------------------------
 
 
-def _group_alive(pid: int) -> bool:
-    """True while `pid` still leads its own process group (what the launcher started)."""
-    try:
-        return os.getpgid(pid) == pid
-    except ProcessLookupError:
+def attempt_alive(attempt_dir: Path, *, spare_uids: set[int]) -> bool:
+    record = read_record(attempt_dir)
+    if process_is(record.get("shim"), record.get("shim_start")):
+        return True
+    pgid = record.get("pgid")
+    if pgid and group_alive(pgid, record.get("pgid_start")):
+        return True
+    uid = record.get("uid", -1)
+    return uid > 0 and uid not in spare_uids and any(p.uid == uid for p in processes())
+
+
+def kill_leftovers(attempt_dir: Path, *, spare_uids: set[int]) -> bool:
+    """Kill whatever of this attempt still runs; whether anything did. `spare_uids`: uids now
+    given to running attempts, whose processes are not this attempt's."""
+    if not attempt_alive(attempt_dir, spare_uids=spare_uids):
         return False
+    record = read_record(attempt_dir)
+    shim = record.get("shim")
+    if shim is not None and process_is(shim, record.get("shim_start")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(shim, signal.SIGKILL)
+    pgid = record.get("pgid")
+    if pgid and group_alive(pgid, record.get("pgid_start")):
+        kill_group(pgid, signal.SIGKILL)
+    uid = record.get("uid", -1)
+    if uid > 0 and uid != os.getuid() and uid not in spare_uids:
+        kill_uid(uid)
+        with contextlib.suppress(OSError):
+            attempt_dir.chmod(0o700)
+    return True
+
+
+def exposed_paths(root: Path, *, managed: Path) -> list[Path]:
+    """Paths under `root` that another user (a job uid) could read or write, following only
+    directories it may enter; the launcher's own tree `managed` is left out."""
+    found: list[Path] = []
+
+    def visit(directory: Path) -> None:
+        with contextlib.suppress(OSError), os.scandir(directory) as entries:
+            for entry in entries:
+                path = Path(entry.path)
+                if path == managed:
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode
+                if stat.S_ISLNK(mode):
+                    continue  # its target is judged where it lives
+                if stat.S_ISDIR(mode):
+                    if mode & stat.S_IWOTH:
+                        found.append(path)
+                    if mode & stat.S_IXOTH:
+                        visit(path)
+                elif stat.S_ISSOCK(mode):
+                    if mode & stat.S_IWOTH:  # connecting needs write permission
+                        found.append(path)
+                elif mode & (stat.S_IROTH | stat.S_IWOTH):
+                    found.append(path)
+
+    if root.is_dir() and root.stat().st_mode & stat.S_IXOTH:
+        visit(root)
+    return sorted(found)
+
+
+def _check_reachable(work_dir: Path, uid: int) -> None:
+    """Every directory above the work directory must let the job's uid pass through."""
+    for directory in reversed(work_dir.parents):
+        st = directory.stat()
+        if st.st_uid != uid and not st.st_mode & stat.S_IXOTH:
+            raise LaunchError(
+                f"job uid {uid} cannot reach its work directory: {directory} is mode "
+                f"{st.st_mode & 0o7777:04o}; let others pass through it (chmod o+x) or set "
+                "PORTAL_AGENT_WORKDIR elsewhere"
+            )
+
+
+def _shim_argv() -> list[str]:
+    return [sys.executable, "-E", "-s", "-m", "workers.shim"]
+
+
+def _shim_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
+
+
+def _drain(fd: int) -> str:
+    os.set_blocking(fd, False)
+    chunks = []
+    with contextlib.suppress(OSError):
+        while data := os.read(fd, READ_SIZE):
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")

@@ -4,8 +4,10 @@ Starts, as child processes sharing one environment: the embedded broker (a redis
 redis-server on a unix socket, when no Redis is configured), the web server (gunicorn),
 the control-plane Celery worker, Celery beat (the scheduling loop) and one local GPU agent
 per `--agents`. Waits for the web server, prints where to go and how to log in, then
-watches: Ctrl-C or SIGTERM stops everything and exits 0; a child that dies on its own
-stops everything and exits 1 naming it.
+watches: Ctrl-C or SIGTERM stops everything and exits 0; a child that dies on its own is
+restarted after a delay that doubles with each crash (1 s, 2 s, 4 s ... up to 30 s), and one
+that crashes more than 5 times in 60 s stops everything and exits 1 naming it. A child that
+dies while the portal is still starting stops everything at once.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
+from portal.agents.keys import node_key_text
 from portal.ops import banner, processes
-from portal.ops.supervisor import ChildExited, Supervisor
+from portal.ops.processes import close_to_others
+from portal.ops.supervisor import ChildExited, CrashLoop, RestartPolicy, Supervisor
 
 READY_TIMEOUT_S = 90.0
 BROKER_TIMEOUT_S = 15.0
@@ -53,6 +57,7 @@ class Command(BaseCommand):
         port: int = options["port"]
         _check_options(port=port, agents=options["agents"], threads=options["threads"])
         agents = 0 if options["no_agent"] else options["agents"]
+        policy = restart_policy_from_env()
         _check_migrated()
         if not processes.port_is_free(host, port):
             raise CommandError(
@@ -85,12 +90,16 @@ class Command(BaseCommand):
                 )
             )
             while True:
-                supervisor.check_running()
+                supervisor.tend(policy=policy)
                 time.sleep(0.2)
         except StopRequested:
             supervisor.say("runportal: stopping everything ...")
             supervisor.stop_all()
             supervisor.say("runportal: stopped")
+        except CrashLoop as loop:
+            supervisor.say(f"runportal: {loop}; stopping everything")
+            supervisor.stop_all()
+            raise CommandError(str(loop)) from None
         except ChildExited as died:
             supervisor.say(f"runportal: {died}; stopping everything")
             supervisor.stop_all()
@@ -117,6 +126,7 @@ class Command(BaseCommand):
     ) -> None:
         var_dir = Path(settings.VAR_DIR)
         var_dir.mkdir(parents=True, exist_ok=True)
+        close_to_others(var_dir, keep_open=var_dir / "agents")
         # WhiteNoise warns at every start when STATIC_ROOT is missing; files come from finders.
         Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
         broker_url: str = settings.CELERY_BROKER_URL
@@ -151,10 +161,25 @@ class Command(BaseCommand):
                     workdir=var_dir / "agents" / node,
                     broker_url=broker_url,
                     env=env,
+                    key=node_key_text(name=node),
                     name="agent" if agents == 1 else f"agent-{index}",
                 )
             )
         supervisor.start(processes.web_spec(host=host, port=port, threads=threads, env=env))
+
+
+def restart_policy_from_env() -> RestartPolicy:
+    """PORTAL_RESTART_MAX_CRASHES crashes of one child in PORTAL_RESTART_WINDOW_S stop the
+    stack; below that, a crashed child is restarted with backoff."""
+    from portal.env import ConfigError, env_float, env_int
+
+    try:
+        return RestartPolicy(
+            max_crashes=env_int("PORTAL_RESTART_MAX_CRASHES", 5, minimum=1),
+            window_s=env_float("PORTAL_RESTART_WINDOW_S", 60.0, minimum=1.0),
+        )
+    except ConfigError as error:
+        raise CommandError(str(error)) from None
 
 
 def _check_options(*, port: int, agents: int, threads: int) -> None:

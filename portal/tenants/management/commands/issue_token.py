@@ -1,4 +1,4 @@
-"""Print a user's API token, creating it on first use."""
+"""Issue an API token for a user and print it: the only time the key is shown."""
 
 from __future__ import annotations
 
@@ -6,18 +6,22 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from rest_framework.authtoken.models import Token
+
+from portal.tenants.tokens import token_issue
 
 
 class Command(BaseCommand):
-    help = "Print the API token of USERNAME (created if missing; --rotate replaces it)."
+    help = (
+        "Issue a new API token for USERNAME and print its key (shown only now: the portal "
+        "keeps a digest). --rotate revokes the user's other tokens first."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("username")
         parser.add_argument(
             "--rotate",
             action="store_true",
-            help="revoke the user's current token and issue a new one",
+            help="revoke the user's current tokens and issue a new one",
         )
 
     def handle(self, *args: Any, username: str, rotate: bool, **options: Any) -> None:
@@ -30,8 +34,10 @@ class Command(BaseCommand):
             raise CommandError(f"unknown user {username!r}; {hint}") from None
         if not user.is_active:
             raise CommandError(f"user {username!r} is inactive; activate them first")
-        if rotate:
-            Token.objects.filter(user=user).delete()
-        token, _ = Token.objects.get_or_create(user=user)
-        # Only the key on stdout, so `TOKEN=$(python manage.py issue_token alice)` works.
-        self.stdout.write(token.key)
+        key = token_issue(user=user, revoke_others=rotate)
+        # Only the key on stdout, so `TOKEN=$(python manage.py issue_token alice)` works; the
+        # note goes to stderr.
+        self.stdout.write(key)
+        self.stderr.write(
+            "Keep this token now: the portal stores only its digest and cannot show it again."
+        )

@@ -20,16 +20,27 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal.cluster.models import Allocation, Dispatch
-from portal.jobs.models import HOLDING_STATES, Job, JobState
+from portal.agents.keys import node_keys
+from portal.agents.models import Dispatch
+from portal.agents.trust import seal_for
+from portal.celery import app
+from portal.jobs.attempts import attempt_end
+from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
+from portal.policy import scheduler_config
 from workers.protocol import (
     STOP_REASONS,
+    TASK_ACK,
     TASK_LAUNCH,
+    TASK_QUERY,
     TASK_STOP,
+    Ack,
     Device,
     Launch,
+    Message,
     ProtocolError,
+    Query,
     Stop,
+    checked,
     node_queue,
 )
 
@@ -78,6 +89,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         devices[job.pk][node].append(device_of(allocation))
     sent = 0
     launched: list[tuple[int, int]] = []
+    keys = node_keys({node for by_node in devices.values() for node in by_node})
     for job in jobs.values():
         by_node = devices.get(job.pk)
         if not by_node:
@@ -86,12 +98,12 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         ok = False
         for node, node_devices in by_node.items():
             try:
-                message = launch_message(job, node_devices)
+                message = launch_message(job, node_devices, node=node)
             except ProtocolError as error:
                 _fail_unlaunchable(job, str(error))
                 ok = False
                 break
-            ok = publish(TASK_LAUNCH, message.to_dict(), node_queue(node)) or ok
+            ok = publish(TASK_LAUNCH, message, node, keys=keys) or ok
             sent += 1
         if ok:
             launched.append((job.pk, job.attempt))
@@ -99,10 +111,11 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     return sent
 
 
-def launch_message(job: Job, devices: Sequence[Device]) -> Launch:
-    """The launch of the job's current attempt on ``devices`` (raises ProtocolError if the
-    stored job cannot be expressed as a valid launch)."""
-    return Launch(
+def launch_message(job: Job, devices: Sequence[Device], *, node: str) -> Launch:
+    """The launch of the job's current attempt on ``devices`` of ``node`` (raises
+    ProtocolError if the stored job cannot be expressed as a valid launch)."""
+    message = Launch(
+        node=node,
         job_id=job.pk,
         attempt=job.attempt,
         name=job.name,
@@ -114,6 +127,8 @@ def launch_message(job: Job, devices: Sequence[Device]) -> Launch:
         devices=tuple(devices),
         time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
     )
+    checked(message)
+    return message
 
 
 def device_of(allocation: Allocation) -> Device:
@@ -150,11 +165,9 @@ def device_of(allocation: Allocation) -> Device:
 
 
 def _fail_unlaunchable(job: Job, error: str) -> None:
-    from portal.cluster.services import end_attempt
-
     log.error("job %s cannot be launched: %s", job.pk, error)
-    end_attempt(
-        job.pk,
+    attempt_end(
+        job_id=job.pk,
         attempt=job.attempt,
         to=JobState.FAILED,
         from_states=[JobState.ASSIGNED],
@@ -218,14 +231,35 @@ def send_stop_attempt(node: str, job_id: int, attempt: int, reason: str) -> bool
     """Stop one attempt on one node, whatever the database says (for orphans: attempts an
     agent runs that the portal no longer gives it)."""
     grace = _grace_for(reason)
-    message = Stop(job_id=job_id, attempt=attempt, reason=reason, grace_s=grace)  # type: ignore[arg-type]
-    return publish(TASK_STOP, message.to_dict(), node_queue(node))
+    message = Stop(node=node, job_id=job_id, attempt=attempt, reason=reason, grace_s=grace)  # type: ignore[arg-type]
+    return publish(TASK_STOP, message, node)
+
+
+def send_query(node: str, job_id: int, attempt: int) -> bool:
+    """Ask `node` what it knows of an attempt (its answer may let the portal requeue it)."""
+    return publish(TASK_QUERY, Query(node=node, job_id=job_id, attempt=attempt), node)
+
+
+def send_queries(wanted: Iterable[tuple[str, int, int]], *, now: datetime | None = None) -> int:
+    """``send_query`` for (node, job, attempt) triples, each recorded for the reaper."""
+    asked: list[tuple[int, int]] = []
+    items = list(wanted)
+    keys = node_keys({node for node, _, _ in items})
+    for node, job_id, attempt in items:
+        message = Query(node=node, job_id=job_id, attempt=attempt)
+        if publish(TASK_QUERY, message, node, keys=keys):
+            asked.append((job_id, attempt))
+    record_dispatch(Dispatch.Kind.QUERY, asked, now or timezone.now())
+    return len(asked)
+
+
+def send_ack(ack: Ack) -> bool:
+    """Tell an agent which of its reports (and which heartbeat) the portal applied."""
+    return publish(TASK_ACK, ack, ack.node)
 
 
 def _grace_for(reason: str) -> float:
     if reason == "preempt":
-        from portal.scheduling.config import scheduler_config
-
         return scheduler_config().grace_period_s
     return settings.STOP_GRACE_S
 
@@ -233,22 +267,37 @@ def _grace_for(reason: str) -> float:
 # --- sending and recording ---------------------------------------------------------------------
 
 
-def publish(task: str, message: dict, queue: str) -> bool:
-    """Send one Celery task message; log (never raise) a broker failure."""
-    from portal.celery import app
-
+def publish(
+    task: str, message: Message, node: str, *, keys: dict[str, bytes] | None = None
+) -> bool:
+    """Sign ``message`` with ``node``'s key and send it to the node's queue; log (never
+    raise) a broker failure. False when it was not sent (no key, no broker)."""
+    envelope = seal_for(node, message, keys=keys)
+    if envelope is None:
+        return False
     try:
-        app.send_task(task, args=[message], queue=queue, expires=MESSAGE_EXPIRES_S)
+        app.send_task(task, args=[envelope], queue=node_queue(node), expires=MESSAGE_EXPIRES_S)
     except Exception as error:  # noqa: BLE001 - any broker failure is the same to us
         log.warning(
-            "could not send %s for job %s to %s (the reaper will send it again): %s",
+            "could not send %s for job %s to %s (it is sent again): %s",
             task,
-            message.get("job_id"),
-            queue,
+            getattr(message, "job_id", "-"),
+            node,
             error,
         )
         return False
     return True
+
+
+def recently_sent(kind: str, jobs: list[tuple[int, int]], since: datetime) -> set[tuple[int, int]]:
+    """The (job, attempt)s among ``jobs`` sent a ``kind`` message since ``since``."""
+    if not jobs:
+        return set()
+    wanted = set(jobs)
+    rows = Dispatch.objects.filter(
+        kind=kind, job_id__in=[job_id for job_id, _ in jobs], last_sent_at__gte=since
+    ).values_list("job_id", "attempt")
+    return {row for row in rows if row in wanted}
 
 
 def record_dispatch(kind: str, sent: Sequence[tuple[int, int]], now: datetime) -> None:

@@ -8,9 +8,16 @@ Runs on beat every PORTAL_REAP_INTERVAL_S:
               losses). A lost node that sends a heartbeat again is ready again.
 2. Launches - a job ASSIGNED for PORTAL_LAUNCH_RESEND_S without a ``started`` gets its launch
               again (agents ignore a launch they already have); after PORTAL_LAUNCH_TIMEOUT_S
-              it is treated as lost.
+              its node is asked about it (``query``): only the node's answer that it has no
+              record of the attempt (after which it never runs it) lets the portal requeue
+              it. Never a guess: the attempt may be starting there.
 3. Stops    - a stop asked for PORTAL_STOP_RESEND_S ago whose job still holds slices is sent
               again.
+4. Nonces   - nonces of applied messages older than twice PORTAL_MESSAGE_MAX_SKEW_S go.
+
+A node's jobs are requeued only after its lease lapsed (step 1), or on its own word (a
+``finished`` report saying fenced, lost or unknown). Its agent stopped them itself at
+PORTAL_AGENT_FENCE_FRACTION of the lease, so a requeued attempt never overlaps the old one.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from portal.cluster.dispatch import request_stops, send_launches
-from portal.cluster.models import Allocation, Dispatch, Node
-from portal.cluster.services import lose_attempt
-from portal.jobs.models import HOLDING_STATES, Job, JobState
+from portal.agents.dispatch import recently_sent, request_stops, send_launches, send_queries
+from portal.agents.models import Dispatch
+from portal.agents.trust import forget_old_nonces
+from portal.cluster.models import Node
+from portal.jobs.attempts import attempt_lose
+from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 
-log = logging.getLogger("portal.cluster")
+log = logging.getLogger("portal.agents")
 
 
 @dataclass(slots=True)
@@ -36,8 +45,9 @@ class ReapResult:
     nodes_lost: int = 0
     jobs_lost: int = 0
     launches_resent: int = 0
-    launches_timed_out: int = 0
+    launches_queried: int = 0
     stops_resent: int = 0
+    nonces_forgotten: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -50,6 +60,7 @@ def reap_lost_agents(*, now: datetime | None = None) -> ReapResult:
     _lose_jobs_on(stale, when, result)
     _resend_launches(when, result)
     _resend_stops(when, result)
+    result.nonces_forgotten = forget_old_nonces(now=when)
     if any(result.as_dict().values()):
         log.info("reaper: %s", result.as_dict())
     return result
@@ -80,20 +91,13 @@ def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> Non
     ).select_related("node")
     for job in holding:
         where = job.node.name if job.node else "its node"
-        if lose_attempt(
-            job.pk, attempt=job.attempt, why=f"agent on {where} stopped sending heartbeats", now=now
+        if attempt_lose(
+            job_id=job.pk,
+            attempt=job.attempt,
+            why=f"agent on {where} stopped sending heartbeats",
+            now=now,
         ):
             result.jobs_lost += 1
-
-
-def _recently_sent(kind: str, jobs: list[tuple[int, int]], since: datetime) -> set[tuple[int, int]]:
-    if not jobs:
-        return set()
-    wanted = set(jobs)
-    rows = Dispatch.objects.filter(
-        kind=kind, job_id__in=[job_id for job_id, _ in jobs], last_sent_at__gte=since
-    ).values_list("job_id", "attempt")
-    return {row for row in rows if row in wanted}
 
 
 def _resend_launches(now: datetime, result: ReapResult) -> None:
@@ -106,20 +110,27 @@ def _resend_launches(now: datetime, result: ReapResult) -> None:
             stop_requested_at__isnull=True,
             assigned_at__lt=resend_before,
             node__state=Node.State.READY,
-        ).values_list("pk", "attempt", "assigned_at")
+        ).values_list("pk", "attempt", "assigned_at", "node__name")
     )
-    recent = _recently_sent(Dispatch.Kind.LAUNCH, [(pk, a) for pk, a, _ in waiting], resend_before)
+    keys = [(pk, a) for pk, a, _, _ in waiting]
+    recent = recently_sent(Dispatch.Kind.LAUNCH, keys, resend_before)
+    asked = recently_sent(
+        Dispatch.Kind.QUERY, keys, now - timedelta(seconds=settings.QUERY_RESEND_S)
+    )
     resend = []
-    for job_id, attempt, assigned_at in waiting:
+    ask: list[tuple[str, int, int]] = []
+    for job_id, attempt, assigned_at, node in waiting:
         if assigned_at < give_up_before:
-            why = f"not started {settings.LAUNCH_TIMEOUT_S:.0f} s after it was assigned"
-            if lose_attempt(job_id, attempt=attempt, why=why, now=now):
-                result.launches_timed_out += 1
+            if (job_id, attempt) not in asked:
+                ask.append((node, job_id, attempt))
         elif (job_id, attempt) not in recent:
             resend.append(job_id)
     if resend:
         log.info("re-sending launch of jobs %s (no started report yet)", resend)
         result.launches_resent = send_launches(resend, now=now)
+    if ask:
+        log.warning("asking the nodes of jobs %s, not started in time", [j for _, j, _ in ask])
+        result.launches_queried = send_queries(ask, now=now)
 
 
 def _resend_stops(now: datetime, result: ReapResult) -> None:
@@ -131,7 +142,7 @@ def _resend_stops(now: datetime, result: ReapResult) -> None:
             node__state__in=[Node.State.READY, Node.State.DRAINED],
         ).values_list("pk", "attempt")
     )
-    recent = _recently_sent(Dispatch.Kind.STOP, stopping, resend_before)
+    recent = recently_sent(Dispatch.Kind.STOP, stopping, resend_before)
     resend = [job_id for job_id, attempt in stopping if (job_id, attempt) not in recent]
     if resend:
         log.info("re-sending stop of jobs %s (still holding slices)", resend)

@@ -1,8 +1,11 @@
 """The scheduling policy's knobs: read from the environment at start, built per pass.
 
 ``scheduler_knobs_from_env()`` runs inside ``portal/settings.py`` (before Django is set up), so
-this module imports nothing from Django apps: only the pure core's ``SchedulerConfig`` (whose
-defaults are the single source of the default values) and the env helpers.
+this module imports nothing from Django apps at load time: only the pure core's
+``SchedulerConfig`` (whose defaults are the single source of the default values) and the env
+helpers. It lives outside the apps because the scheduling pass is not its only reader: ending
+an attempt (``portal.jobs``) bills by its model weights and half-life, and a preemption's stop
+(``portal.agents``) carries its grace period.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def scheduler_config() -> SchedulerConfig:
     """The config of this pass, from ``settings.SCHEDULER`` (tests may override it)."""
     from django.conf import settings
 
+    # At call time: this module is loaded by the settings, before any app's models.
     from portal.tenants.models import PRIORITY_CLASSES
 
     return build_scheduler_config(settings.SCHEDULER, priority_classes=PRIORITY_CLASSES)

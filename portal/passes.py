@@ -1,4 +1,9 @@
-"""Ask for a scheduling pass soon, without ever scheduling inside a web request."""
+"""Ask for a scheduling pass soon, without ever scheduling inside a web request.
+
+It lives outside the apps because apps below ``portal.scheduling`` ask for passes (a submit,
+a finished attempt, a quota change, an undrained node): it sends a Celery message by task
+name and imports no app.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import logging
 import time
 
 from django.db import transaction
+
+from portal.celery import app
 
 log = logging.getLogger("portal.scheduling")
 
@@ -18,8 +25,6 @@ def request_schedule_pass() -> None:
     Best effort: when the broker is away the beat loop's next pass (every
     PORTAL_SCHEDULE_INTERVAL_S) does the same work, so a failed send is only logged.
     """
-    from portal.celery import app
-
     try:
         # requested_at lets the task see that a later pass already covered this request.
         app.send_task(

@@ -4,6 +4,7 @@ thread-safe recorder of the messages the portal sends. Imported by tests only.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -14,29 +15,63 @@ from typing import Any
 
 from django.utils import timezone
 
+from portal.agents.keys import node_key_text
+from portal.agents.tasks import agent_report
+from portal.celery import app
 from portal.cluster.models import Node
 from workers.inventory import DEFAULT_DESCRIPTION, described_inventory
-from workers.protocol import Finished, Heartbeat, JobRef, LogChunk, Started, parse
+from workers.protocol import Finished, Heartbeat, LogChunk, RunningAttempt, Started, parse
+from workers.signing import key_from_text, seal
 
 AGENT_VERSION = "test-agent"
+
+
+BOOT = "test-boot"
+_heartbeat_seq = iter(range(1, 10**9))
 
 
 def heartbeat(
     node: str = "node-1",
     *,
     description: Mapping[str, Any] | None = None,
-    running: Iterable[tuple[int, int]] = (),
+    running: Iterable[tuple[int, int] | RunningAttempt] = (),
+    finished: Iterable[dict[str, Any]] = (),
     sent_at: float | None = None,
+    boot: str = BOOT,
+    previous_boot: str = "",
 ) -> dict[str, Any]:
     """A heartbeat dict with the described inventory (the default: 2 whole GPUs, one MIG GPU
-    3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares)."""
+    3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares). ``running`` takes
+    (job, attempt) pairs (not started yet) or RunningAttempt records; ``finished`` takes
+    dicts made by ``finished()``."""
     return Heartbeat(
         node=node,
+        boot=boot,
+        previous_boot=previous_boot,
+        seq=next(_heartbeat_seq),
         agent_version=AGENT_VERSION,
         sent_at=time.time() if sent_at is None else sent_at,
         inventory=described_inventory(node, description or DEFAULT_DESCRIPTION),
-        running=tuple(JobRef(job_id=j, attempt=a) for j, a in running),
+        running=tuple(
+            r if isinstance(r, RunningAttempt) else RunningAttempt(job_id=r[0], attempt=r[1])
+            for r in running
+        ),
+        finished=tuple(parse(f) for f in finished),  # type: ignore[misc]
     ).to_dict()
+
+
+def signed(message: Mapping[str, Any], *, at: float | None = None) -> dict[str, str]:
+    """``message`` in the envelope its node's agent would send, signed with the node's key
+    (made now when the node has none)."""
+    node = str(message["node"])
+    key = key_from_text(node_key_text(name=node))
+    return seal(parse(dict(message)), node=node, key=key, now=time.time() if at is None else at)
+
+
+def deliver(message: Mapping[str, Any], *, at: float | None = None) -> str:
+    """Run the control plane's report task on ``message``, signed: what a report from the
+    node's agent does. Returns the task's verdict ("heartbeat", "refused: replay", ...)."""
+    return agent_report(signed(message, at=at))
 
 
 def register_node(
@@ -45,13 +80,11 @@ def register_node(
     description: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Node:
-    """Register (or refresh) a node the way its agent does: through a heartbeat report."""
-    from portal.cluster.services import handle_report
-
+    """Register (or refresh) a node the way its agent does: a key, then a heartbeat."""
     when = now or timezone.now()
-    handle_report(
-        parse(heartbeat(node, description=description, sent_at=when.timestamp())), now=when
-    )
+    verdict = deliver(heartbeat(node, description=description, sent_at=when.timestamp()))
+    if verdict != "heartbeat":
+        raise AssertionError(f"the heartbeat of {node} was not accepted: {verdict}")
     return Node.objects.get(name=node)
 
 
@@ -105,8 +138,15 @@ class SentMessages:
             self.sent.append((name, message, options.get("queue")))
 
     def of(self, task: str) -> list[tuple[Any, str | None]]:
+        """The messages sent to ``task`` (unwrapped from their signed envelopes), with queues."""
         with self.lock:
-            return [(message, queue) for name, message, queue in self.sent if name == task]
+            return [(_unwrap(message), queue) for name, message, queue in self.sent if name == task]
+
+    def queries(self) -> list[tuple[dict, str]]:
+        return self.of("agent.query")  # type: ignore[return-value]
+
+    def acks(self) -> list[tuple[dict, str]]:
+        return self.of("agent.ack")  # type: ignore[return-value]
 
     def launches(self) -> list[tuple[dict, str]]:
         return self.of("agent.launch")  # type: ignore[return-value]
@@ -115,11 +155,15 @@ class SentMessages:
         return self.of("agent.stop")  # type: ignore[return-value]
 
 
+def _unwrap(message: Any) -> Any:
+    if isinstance(message, dict) and set(message) == {"signed", "sig"}:
+        return json.loads(message["signed"])["msg"]
+    return message
+
+
 @contextmanager
 def capture_sent_messages() -> Iterator[SentMessages]:
     """Replace the Celery app's ``send_task`` with a recorder (thread-safe) for the block."""
-    from portal.celery import app
-
     recorder = SentMessages()
     original = app.send_task
     app.send_task = recorder.record  # type: ignore[method-assign]

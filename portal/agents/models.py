@@ -1,0 +1,103 @@
+"""What the control plane remembers about talking to agents: sends and the latest samples."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Dispatch(models.Model):
+    """The last time a launch or stop of one attempt was sent to its agent.
+
+    Messages can be lost; the reaper re-sends a launch or a stop that got no answer, and this
+    row keeps it from re-sending on every beat.
+    """
+
+    class Kind(models.TextChoices):
+        LAUNCH = "launch"
+        STOP = "stop"
+        QUERY = "query"  # "what do you know of this attempt?" (docs/agent.md)
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="dispatches")
+    attempt = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    first_sent_at = models.DateTimeField()
+    last_sent_at = models.DateTimeField()
+    sends = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        # Born in the cluster app; the table kept its name when the model moved here.
+        db_table = "cluster_dispatch"
+        ordering = ["-last_sent_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "kind"], name="one_dispatch_per_attempt_kind"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.job_id}#{self.attempt} x{self.sends}"
+
+
+class JobMetrics(models.Model):
+    """The latest GPU-use sample of a job's current attempt, as its agent reported it."""
+
+    job = models.OneToOneField("jobs.Job", on_delete=models.CASCADE, related_name="metrics")
+    attempt = models.PositiveIntegerField()
+    gpu_util_pct = models.FloatField(null=True, blank=True, help_text="null: NVML cannot tell")
+    memory_used_mb = models.PositiveIntegerField()
+    sampled_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "cluster_jobmetrics"
+
+    def __str__(self) -> str:
+        return f"metrics of job {self.job_id}#{self.attempt}"
+
+
+class NodeCredential(models.Model):
+    """A node's key, as `manage.py node_add` made it: the salt it is derived from and a digest
+    of it (never the key), and which run of the node's agent the portal listens to now."""
+
+    node = models.OneToOneField("cluster.Node", on_delete=models.CASCADE, related_name="credential")
+    salt = models.CharField(max_length=64)
+    digest = models.CharField(max_length=64, help_text="SHA-256 of the key, hex")
+    created_at = models.DateTimeField()
+    # The agent run (its `boot` id) whose heartbeats renew the node's lease; another run is
+    # accepted only as its successor on the same work directory, or once the lease lapsed.
+    boot = models.CharField(max_length=64, blank=True)
+    boot_since = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"key of {self.node_id}"
+
+
+class RefusedMessage(models.Model):
+    """A message from the broker that was not applied: its signature failed, its node has no
+    key or is not the key's, it was a replay, it was stale, or it claimed what is not its own
+    (another node's GPU, a second agent for a live node)."""
+
+    at = models.DateTimeField(db_index=True)
+    node = models.CharField(max_length=128, blank=True, help_text="as the message claimed it")
+    kind = models.CharField(max_length=32, blank=True, help_text="message type, as claimed")
+    reason = models.CharField(max_length=32)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.kind or 'message'} from {self.node or '?'}"
+
+
+class SeenNonce(models.Model):
+    """Nonces of applied messages, within the freshness window: a replay is refused."""
+
+    node = models.CharField(max_length=128)
+    nonce = models.CharField(max_length=128)
+    seen_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "nonce"], name="one_use_per_nonce")]
+
+    def __str__(self) -> str:
+        return f"{self.node}/{self.nonce}"

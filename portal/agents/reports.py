@@ -1,0 +1,333 @@
+"""What the control plane does with the agents' reports.
+
+Every handler is idempotent and guarded by the job's state and attempt (the attempt
+lifecycle in ``portal.jobs.attempts``): a report repeated by the broker, or one that arrives
+after the portal moved on (a stale attempt), changes nothing. Nothing here waits on the
+broker: messages to agents go out after commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from portal.agents.dispatch import recently_sent, send_queries, send_stop_attempt
+from portal.agents.models import Dispatch, JobMetrics, NodeCredential
+from portal.agents.trust import record_refusal
+from portal.cluster.models import Gpu, Node, Slice
+from portal.cluster.services import sync_inventory
+from portal.jobs.attempts import attempt_finish, attempt_start
+from portal.jobs.models import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    Job,
+    JobLogChunk,
+    JobState,
+)
+from portal.passes import schedule_pass_on_commit
+from workers.protocol import (
+    Ack,
+    Finished,
+    Heartbeat,
+    LogChunk,
+    Message,
+    Metrics,
+    ReportKey,
+    Started,
+)
+from workers.protocol import Gpu as InventoryGpu
+from workers.signing import SignatureError
+
+log = logging.getLogger("portal.agents")
+
+S = JobState
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, tz=UTC)
+
+
+def handle_report(message: Message, *, now: datetime | None = None) -> Ack | None:
+    """Apply one verified agent message; returns the acknowledgement to send after commit
+    (None for metrics, which are not acknowledged). Raises AgentRefused for a heartbeat of a
+    second agent claiming a live node.
+
+    A report is acknowledged whether it changed something or not: a repeat or a stale report
+    (an attempt the portal moved on from) must leave the agent's outbox all the same."""
+    when = now or timezone.now()
+    if isinstance(message, Heartbeat):
+        return record_heartbeat(message, now=when)
+    if isinstance(message, Started):
+        record_started(message, now=when)
+    elif isinstance(message, LogChunk):
+        record_log(message)
+    elif isinstance(message, Finished):
+        record_finished(message, now=when)
+    elif isinstance(message, Metrics):
+        record_metrics(message)
+        return None
+    else:
+        log.warning("dropped a %s message: agents do not send those", type(message).__name__)
+        return None
+    return Ack(node=message.node, reports=(message.report_key(),))
+
+
+# --- reports about one attempt ----------------------------------------------------------------
+
+
+def record_started(msg: Started, *, now: datetime) -> None:
+    with transaction.atomic():
+        if not attempt_start(
+            job_id=msg.job_id,
+            attempt=msg.attempt,
+            started_at=_at(msg.started_at),
+            message=f"started on {msg.node}",
+            at=now,
+        ):
+            _stop_if_orphan(msg.node, msg.job_id, msg.attempt)
+
+
+def _stop_if_orphan(node: str, job_id: int, attempt: int) -> None:
+    """An agent runs an attempt the portal does not give it (a stale attempt, a job that was
+    lost and requeued): tell it to stop, after commit."""
+    row = Job.objects.filter(pk=job_id).values_list("state", "attempt").first()
+    if (
+        row is not None
+        and row[1] == attempt
+        and (row[0] in HOLDING_STATES or row[0] in TERMINAL_STATES)
+    ):
+        # A repeat of a report we already applied, or a `started` that arrived after its
+        # `finished`: the attempt is the portal's, nothing to stop.
+        return
+    log.info("job %s attempt %s on %s is not the portal's: stopping it", job_id, attempt, node)
+    transaction.on_commit(lambda: send_stop_attempt(node, job_id, attempt, "cancel"))
+
+
+def record_log(msg: LogChunk) -> None:
+    current = Job.objects.filter(pk=msg.job_id).values_list("attempt", flat=True).first()
+    if current is None or msg.attempt > current or msg.attempt < 1:
+        log.warning("dropped log chunk of unknown job %s attempt %s", msg.job_id, msg.attempt)
+        return
+    JobLogChunk.objects.bulk_create(
+        [JobLogChunk(job_id=msg.job_id, attempt=msg.attempt, seq=msg.seq, data=msg.data)],
+        ignore_conflicts=True,
+    )
+
+
+def record_finished(msg: Finished, *, now: datetime) -> None:
+    ended = attempt_finish(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        outcome=msg.outcome,
+        node=msg.node,
+        exit_code=msg.exit_code,
+        error=msg.error,
+        finished_at=_at(msg.finished_at),
+        started_at=None if msg.started_at is None else _at(msg.started_at),
+        now=now,
+    )
+    if ended is None:
+        log.info("finished report of job %s attempt %s ignored: stale", msg.job_id, msg.attempt)
+
+
+def record_metrics(msg: Metrics) -> None:
+    holding = Job.objects.filter(
+        pk=msg.job_id, attempt=msg.attempt, state__in=HOLDING_STATES
+    ).exists()
+    if not holding:
+        return
+    JobMetrics.objects.update_or_create(
+        job_id=msg.job_id,
+        defaults={
+            "attempt": msg.attempt,
+            "gpu_util_pct": msg.gpu_util_pct,
+            "memory_used_mb": msg.memory_used_mb,
+            "sampled_at": _at(msg.sampled_at),
+        },
+    )
+
+
+# --- heartbeats: registration, lease, inventory, settlement ----------------------------------
+
+
+class AgentRefused(Exception):
+    """A heartbeat that is signed by the node's key but cannot be accepted (a second agent
+    claiming a node whose agent is alive); `reason` and the message say why."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def record_heartbeat(msg: Heartbeat, *, now: datetime) -> Ack:
+    """Renew the node's lease, sync its inventory, settle what the heartbeat says ran and
+    ended, and ask about held attempts it does not mention. Raises AgentRefused for a second
+    agent on a live node (nothing is applied)."""
+    settled: list[ReportKey] = []
+    with transaction.atomic():
+        node, came_back = _accept_agent_run(msg, now)
+        gpus, claimed = _own_gpus(node, msg)
+        changed = sync_inventory(node, gpus)
+        age = now.timestamp() - msg.sent_at
+        for finished in msg.finished:
+            record_finished(finished, now=now)
+            settled.append(finished.report_key())
+        if age <= settings.AGENT_LEASE_S:
+            _settle_running(node, msg, now)
+        else:
+            # An old heartbeat (a backlog, or a clock far off) says little about what runs now.
+            log.warning("heartbeat of %s is %.0f s old: not reconciling its jobs", node.name, age)
+        if came_back or changed:
+            schedule_pass_on_commit()
+    for uuid, owner in claimed:
+        record_refusal(
+            SignatureError(
+                "gpu_claimed",
+                f"{msg.node} listed GPU {uuid}, which belongs to node {owner}: not given to it",
+                node=msg.node,
+            ),
+            None,
+            now=now,
+        )
+    return Ack(
+        node=msg.node,
+        boot=msg.boot,
+        heartbeat_seq=msg.seq,
+        lease_s=settings.AGENT_LEASE_S,
+        reports=tuple(settled),
+    )
+
+
+def _accept_agent_run(msg: Heartbeat, now: datetime) -> tuple[Node, bool]:
+    """Renew the node's lease from this heartbeat, if its agent run may hold it.
+
+    The run the portal listens to (`NodeCredential.boot`) keeps it; a new run takes over when
+    it names that run as its predecessor on the same work directory (a restart), when the
+    node has no run yet, or when the lease of the old run lapsed. Any other run is a second
+    agent claiming the node: refused, so two agents never run one node's jobs.
+    """
+    node = Node.objects.select_for_update().get(name=msg.node)
+    credential = NodeCredential.objects.select_for_update().get(node=node)
+    lease_lapsed = (
+        node.last_heartbeat_at is None
+        or (now - node.last_heartbeat_at).total_seconds() > settings.AGENT_LEASE_S
+    )
+    if credential.boot != msg.boot:
+        successor = bool(msg.previous_boot) and msg.previous_boot == credential.boot
+        if credential.boot and not successor and not lease_lapsed:
+            raise AgentRefused(
+                "duplicate_agent",
+                f"agent run {msg.boot} claims node {msg.node}, whose agent run "
+                f"{credential.boot} is alive (last heartbeat "
+                f"{(now - node.last_heartbeat_at).total_seconds():.0f} s ago): refused",
+            )
+        log.info("node %s: agent run %s takes over from %r", msg.node, msg.boot, credential.boot)
+        NodeCredential.objects.filter(pk=credential.pk).update(boot=msg.boot, boot_since=now)
+    fields: dict[str, Any] = {
+        "hostname": msg.inventory.hostname,
+        "driver": msg.inventory.driver,
+        "agent_version": msg.agent_version,
+        "last_heartbeat_at": now,
+    }
+    came_back = node.state == Node.State.LOST
+    if came_back:
+        log.info("node %s is back", node.name)
+        fields["state"] = Node.State.READY
+    Node.objects.filter(pk=node.pk).update(**fields)
+    for name, value in fields.items():
+        setattr(node, name, value)
+    return node, came_back
+
+
+def _own_gpus(node: Node, msg: Heartbeat) -> tuple[tuple[InventoryGpu, ...], list[tuple[str, str]]]:
+    """The heartbeat's GPUs minus those registered to another node that still has them (a
+    node cannot claim another node's GPUs). A GPU its old node no longer lists (present
+    False: the card moved) may be claimed. Returns (GPUs to sync, [(uuid, owner)] refused)."""
+    uuids = {u for g in msg.inventory.gpus for u in (g.uuid, *(m.uuid for m in g.mig))}
+    owners = dict(
+        Gpu.objects.filter(uuid__in=uuids, present=True)
+        .exclude(node=node)
+        .values_list("uuid", "node__name")
+    )
+    owners.update(
+        Slice.objects.filter(key__in=uuids, present=True)
+        .exclude(gpu__node=node)
+        .values_list("key", "gpu__node__name")
+    )
+    if not owners:
+        return msg.inventory.gpus, []
+    kept = tuple(
+        g
+        for g in msg.inventory.gpus
+        if g.uuid not in owners and not any(m.uuid in owners for m in g.mig)
+    )
+    return kept, sorted(owners.items())
+
+
+def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
+    """Compare what the agent runs with what the portal believes runs on the node.
+
+    - A listed attempt with a start time that the portal still has ASSIGNED started (its
+      `started` report is late): recorded as started.
+    - A held attempt the heartbeat does not mention (neither running nor finished) is never
+      declared lost for that: the node is asked about it (`query`), at most every
+      PORTAL_QUERY_RESEND_S, and only its answer, or the lease, ends it. An ASSIGNED attempt
+      whose launch may still be on its way (assigned less than PORTAL_RECONCILE_GRACE_S
+      before the heartbeat was sent) is left alone.
+    - An attempt it lists that the portal does not give it is told to stop.
+    """
+    listed = {(r.job_id, r.attempt): r for r in msg.running}
+    finished = {(f.job_id, f.attempt) for f in msg.finished}
+    held = {
+        pk: (attempt, state, assigned_at)
+        for pk, attempt, state, assigned_at in Job.objects.filter(
+            Q(node=node)
+            | Q(
+                allocations__slice__gpu__node=node,
+                allocations__released_at__isnull=True,
+                allocations__attempt=F("attempt"),
+            ),
+            state__in=HOLDING_STATES,
+        )
+        .values_list("pk", "attempt", "state", "assigned_at")
+        .distinct()
+    }
+    for job_id, (attempt, state, _) in held.items():
+        running = listed.get((job_id, attempt))
+        if running is not None and running.started_at is not None and state == S.ASSIGNED:
+            attempt_start(
+                job_id=job_id,
+                attempt=attempt,
+                started_at=_at(running.started_at),
+                message=f"started on {node.name} (from its heartbeat)",
+                at=now,
+            )
+    cutoff = msg.sent_at - settings.RECONCILE_GRACE_S
+    unmentioned = [
+        (job_id, attempt)
+        for job_id, (attempt, _, assigned_at) in held.items()
+        if (job_id, attempt) not in listed
+        and (job_id, attempt) not in finished
+        and assigned_at is not None
+        and assigned_at.timestamp() < cutoff
+    ]
+    if unmentioned:
+        recent = recently_sent(
+            Dispatch.Kind.QUERY,
+            unmentioned,
+            now - timedelta(seconds=settings.QUERY_RESEND_S),
+        )
+        ask = [(node.name, j, a) for j, a in unmentioned if (j, a) not in recent]
+        if ask:
+            log.info("node %s does not mention %s: asking it", node.name, ask)
+            transaction.on_commit(lambda: send_queries(ask, now=now))
+    held_keys = {(job_id, attempt) for job_id, (attempt, _, _) in held.items()}
+    for job_id, attempt in sorted(set(listed) - held_keys):
+        _stop_if_orphan(node.name, job_id, attempt)

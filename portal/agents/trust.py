@@ -1,0 +1,116 @@
+"""The broker carries messages, not authority: verify what agents send, sign what we send.
+
+`open_report(raw)` checks an agent's envelope before anything is applied: the node has a key,
+the HMAC matches it, the timestamp is within PORTAL_MESSAGE_MAX_SKEW_S, the message is one an
+agent may send and names the node that signed it. The nonce is claimed by `claim_nonce`
+inside the transaction that applies the message, so a message whose handling failed (the
+database went away) can be delivered again, while a replay of one that was applied is
+refused. Every refusal leaves a `RefusedMessage` row and a log line.
+
+`seal_for(node, message)` signs a launch, stop, query or ack with the node's key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, IntegrityError, transaction
+from django.utils import timezone
+
+from portal.agents.keys import key_problem, node_keys
+from portal.agents.models import RefusedMessage, SeenNonce
+from workers.protocol import TO_PORTAL_TYPES, Message
+from workers.signing import (
+    Envelope,
+    SignatureError,
+    check_fresh,
+    message_of,
+    open_envelope,
+    seal,
+    verify_signature,
+)
+
+log = logging.getLogger("portal.agents")
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    envelope: Envelope
+    message: Message
+
+
+def open_report(raw: Any, *, now: datetime) -> Received:
+    """Verify an agent's envelope and return its message; raises SignatureError."""
+    envelope = open_envelope(raw)
+    key = node_keys([envelope.node]).get(envelope.node)
+    if key is None:
+        raise SignatureError(
+            "unknown_node", key_problem(name=envelope.node) or "no key", node=envelope.node
+        )
+    verify_signature(envelope, key)
+    check_fresh(envelope, now=now.timestamp(), max_skew_s=settings.MESSAGE_MAX_SKEW_S)
+    return Received(envelope=envelope, message=message_of(envelope, allowed_types=TO_PORTAL_TYPES))
+
+
+def claim_nonce(envelope: Envelope, *, now: datetime) -> None:
+    """Record the envelope's nonce in the current transaction; SignatureError('replay') when
+    it was applied before."""
+    try:
+        with transaction.atomic():
+            SeenNonce.objects.create(node=envelope.node, nonce=envelope.nonce, seen_at=now)
+    except IntegrityError:
+        raise SignatureError(
+            "replay", f"nonce {envelope.nonce} was applied already", node=envelope.node
+        ) from None
+
+
+def forget_old_nonces(*, now: datetime) -> int:
+    """Nonces older than twice the allowed skew can go: such messages are refused as stale."""
+    cutoff = now - timedelta(seconds=2 * settings.MESSAGE_MAX_SKEW_S)
+    deleted, _ = SeenNonce.objects.filter(seen_at__lt=cutoff).delete()
+    return deleted
+
+
+def record_refusal(error: SignatureError, raw: Any, *, now: datetime | None = None) -> None:
+    """Leave a trace of a refused message: a row an operator sees in the admin, and a log
+    line. Never raises: a refusal must not turn into a retry loop."""
+    kind = ""
+    if isinstance(raw, dict) and isinstance(raw.get("signed"), str):
+        # Only for the record: the text was not trusted.
+        kind = _claimed_type(raw["signed"])
+    elif isinstance(raw, dict):
+        kind = str(raw.get("type", ""))[:32]
+    log.warning("refused a %s message from %s: %s", kind or "malformed", error.node or "?", error)
+    try:
+        RefusedMessage.objects.create(
+            at=now or timezone.now(),
+            node=error.node[:128],
+            kind=kind[:32],
+            reason=error.reason,
+            detail=error.detail[:2000],
+        )
+    except DatabaseError:
+        log.exception("could not record the refusal")
+
+
+def _claimed_type(text: str) -> str:
+    try:
+        body = json.loads(text)
+        return str(body["msg"]["type"])[:32]
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def seal_for(node: str, message: Message, *, keys: dict[str, bytes] | None = None) -> dict | None:
+    """The signed envelope of `message` for `node`, or None when the node has no key (it
+    cannot have an agent the portal trusts, so there is nothing to send)."""
+    key = (keys if keys is not None else node_keys([node])).get(node)
+    if key is None:
+        log.error("not sending %s to %s: %s", message.TYPE, node, key_problem(name=node))
+        return None
+    return seal(message, node=node, key=key, now=timezone.now().timestamp())

@@ -1,0 +1,89 @@
+"""Fixed-window counters in the database, shared by every web process.
+
+One row per (scope, key): the start of its current window and the hits in it. A hit is one
+statement (INSERT ... ON CONFLICT DO UPDATE ... RETURNING, on PostgreSQL and SQLite alike):
+it counts in the current window, or starts a new one when the window has expired, so two
+processes counting the same key at once never lose a hit and a request pays one query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db import connection
+from django.utils.dateparse import parse_datetime
+
+from portal.tenants.models import AccessCounter
+
+# Rows whose window ended this long ago (and that hold no lock) are deleted by
+# `counter_forget_stale`, so addresses and usernames seen once do not pile up.
+FORGET_AFTER = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class Window:
+    count: int
+    started_at: datetime
+    locked_until: datetime | None
+
+
+def counter_hit(*, scope: str, key: str, now: datetime, window_s: float) -> Window:
+    """Count one hit for `key` in `scope` and return its window after the hit."""
+    quote = connection.ops.quote_name
+    table = quote(AccessCounter._meta.db_table)
+    scope_, key_, started_, count_, locked_ = (
+        quote(name) for name in ("scope", "key", "window_started_at", "count", "locked_until")
+    )
+    start = connection.ops.adapt_datetimefield_value(now)
+    expired = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=window_s))
+    sql = f"""
+        INSERT INTO {table} ({scope_}, {key_}, {started_}, {count_}, {locked_})
+        VALUES (%s, %s, %s, 1, NULL)
+        ON CONFLICT ({scope_}, {key_}) DO UPDATE SET
+            {count_} = CASE WHEN {table}.{started_} > %s
+                            THEN {table}.{count_} + 1 ELSE 1 END,
+            {started_} = CASE WHEN {table}.{started_} > %s
+                              THEN {table}.{started_} ELSE excluded.{started_} END
+        RETURNING {count_}, {started_}, {locked_}
+    """  # noqa: S608 - the table name is ours; every value is a parameter
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [scope, key, start, expired, expired])
+        count, started_at, locked_until = cursor.fetchone()
+    return Window(int(count), _as_datetime(started_at), _as_datetime_or_none(locked_until))
+
+
+def counter_get(*, scope: str, key: str) -> Window | None:
+    row = (
+        AccessCounter.objects.filter(scope=scope, key=key)
+        .values_list("count", "window_started_at", "locked_until")
+        .first()
+    )
+    return Window(*row) if row else None
+
+
+def counter_lock(*, scope: str, key: str, until: datetime) -> None:
+    AccessCounter.objects.filter(scope=scope, key=key).update(locked_until=until)
+
+
+def counter_clear(*, scope: str, key: str) -> None:
+    AccessCounter.objects.filter(scope=scope, key=key).delete()
+
+
+def counter_forget_stale(*, scopes: tuple[str, ...], now: datetime) -> None:
+    AccessCounter.objects.filter(
+        scope__in=scopes, window_started_at__lt=now - FORGET_AFTER
+    ).exclude(locked_until__gt=now).delete()
+
+
+def _as_datetime(value: datetime | str) -> datetime:
+    # SQLite hands RETURNING values back as text, in the UTC form Django wrote.
+    if isinstance(value, str):
+        parsed = parse_datetime(value)
+        assert parsed is not None, value
+        value = parsed
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _as_datetime_or_none(value: datetime | str | None) -> datetime | None:
+    return None if value is None else _as_datetime(value)

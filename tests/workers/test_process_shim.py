@@ -1,0 +1,329 @@
+"""The process launcher's shim: lifeline, lease fencing, leftovers, job uids. Real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agent_doubles import make_launch
+from job_processes import (
+    IS_ROOT,
+    alive,
+    eventually,
+    first_line,
+    group_members,
+    needs_root,
+    python_for_job_uids,
+    scratch_dir_others_may_enter,
+    start_agent,
+)
+
+from workers.launch import LaunchError
+from workers.launchers.process import ProcessLauncher, isolation_summary
+from workers.lease import Lease, write_lease
+from workers.settings import AgentSettings
+
+SLEEPER = ["sh", "-c", "sleep 300 & echo $!; wait"]  # prints its grandchild's pid
+POOL = (61000, 61009)
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    with scratch_dir_others_may_enter() as path:
+        yield path
+
+
+def launcher(workdir: Path, **options: object) -> ProcessLauncher:
+    return ProcessLauncher(workdir=workdir, mps_root=workdir / "mps", **options)  # type: ignore[arg-type]
+
+
+def lease_for(path: Path, seconds: float) -> Path:
+    write_lease(path, Lease(valid_until=time.time() + seconds, boot="test"))
+    return path
+
+
+def test_the_job_runs_under_its_shim_and_its_exit_code_comes_back(tmp_path: Path) -> None:
+    run = launcher(tmp_path).start(make_launch(["sh", "-c", "echo out; echo err >&2; exit 3"]))
+    assert b"".join(run.output()) == b"out\nerr\n"
+    assert run.wait() == 3
+    assert run.fenced() is None
+    status = Path(f"/proc/{os.getpid()}/status")  # the job is the shim's child, not ours
+    assert status.exists() and run.pid is not None and run.pid != os.getpid()
+    run.reap()
+    run.release()
+
+
+def test_death_by_a_signal_is_128_plus_the_signal(tmp_path: Path) -> None:
+    run = launcher(tmp_path).start(make_launch(["sh", "-c", "kill -9 $$"]))
+    assert run.wait() == 128 + signal.SIGKILL
+
+
+def test_terminate_stops_the_whole_group_and_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    command = ["sh", "-c", "trap '' TERM; sleep 300 & echo $!; wait"]
+    run = launcher(tmp_path).start(make_launch(command))
+    grandchild = int(first_line(run))
+    began = time.monotonic()
+    run.terminate(0.5)
+    assert run.wait() == 128 + signal.SIGKILL
+    assert 0.4 < time.monotonic() - began < 5
+    eventually(lambda: not alive(grandchild), within=2)
+
+
+def test_killing_the_agent_kills_the_job_and_its_grandchild_within_a_second(
+    tmp_path: Path,
+) -> None:
+    agent, job = start_agent(workdir=tmp_path / "agent", command=SLEEPER)
+    pgid, grandchild = job["pgid"], int(job["line"])
+    assert group_members(pgid) and alive(grandchild)
+    agent.kill()
+    agent.wait()
+    took = eventually(lambda: not group_members(pgid) and not alive(grandchild), within=1.0)
+    assert took < 1.0
+
+
+def test_an_expired_lease_fences_the_job_and_says_why(tmp_path: Path) -> None:
+    lease = lease_for(tmp_path / "lease.json", 1.0)
+    run = launcher(tmp_path / "agent", lease_path=lease, fence_grace_s=0.5).start(
+        make_launch(["sleep", "300"])
+    )
+    began = time.monotonic()
+    assert run.wait() == 128 + signal.SIGTERM
+    assert time.monotonic() - began < 1.0 + 0.5 + 1.0
+    reason = run.fenced()
+    assert reason is not None and reason.startswith("lease expired at ")
+    assert "stopped with SIGTERM, SIGKILL after 0.5s" in reason
+
+
+def test_a_fenced_job_that_ignores_sigterm_is_killed_after_the_fence_grace(
+    tmp_path: Path,
+) -> None:
+    lease = lease_for(tmp_path / "lease.json", 0.5)
+    command = ["sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.1; done"]
+    run = launcher(tmp_path / "agent", lease_path=lease, fence_grace_s=0.5).start(
+        make_launch(command)
+    )
+    began = time.monotonic()
+    assert run.wait() == 128 + signal.SIGKILL
+    assert time.monotonic() - began < 0.5 + 0.5 + 1.5
+    assert run.fenced() is not None
+
+
+def test_a_renewed_lease_keeps_the_job_running(tmp_path: Path) -> None:
+    lease = lease_for(tmp_path / "lease.json", 1.0)
+    run = launcher(tmp_path / "agent", lease_path=lease, fence_grace_s=0.5).start(
+        make_launch(["sleep", "2.5"])
+    )
+    for _ in range(5):
+        time.sleep(0.5)
+        lease_for(lease, 1.0)
+    assert run.wait() == 0
+    assert run.fenced() is None
+
+
+def test_fencing_works_while_the_agent_is_frozen(tmp_path: Path) -> None:
+    lease = lease_for(tmp_path / "lease.json", 1.5)
+    agent, job = start_agent(
+        workdir=tmp_path / "agent", command=SLEEPER, lease=lease, fence_grace_s=0.5
+    )
+    pgid, grandchild = job["pgid"], int(job["line"])
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        eventually(lambda: not group_members(pgid) and not alive(grandchild), within=1.5 + 2.0)
+        reason = (Path(job["attempt_dir"]) / "fenced").read_text()
+        assert reason.startswith("lease expired at ")
+    finally:
+        agent.kill()
+        os.kill(agent.pid, signal.SIGCONT)
+        agent.wait()
+
+
+def test_a_job_is_not_started_once_the_lease_has_expired(tmp_path: Path) -> None:
+    lease = lease_for(tmp_path / "lease.json", -1.0)
+    marker = tmp_path / "ran"
+    with pytest.raises(LaunchError, match="^the agent's lease has expired: not starting"):
+        launcher(tmp_path / "agent", lease_path=lease).start(make_launch(["touch", str(marker)]))
+    assert not marker.exists()
+
+
+def test_a_missing_lease_file_fences_like_an_expired_one(tmp_path: Path) -> None:
+    lease = lease_for(tmp_path / "lease.json", 5.0)
+    run = launcher(tmp_path / "agent", lease_path=lease, fence_grace_s=0.5).start(
+        make_launch(["sleep", "300"])
+    )
+    lease.unlink()
+    assert run.wait() == 128 + signal.SIGTERM
+    assert (run.fenced() or "").startswith("no readable lease at ")
+
+
+def test_reap_leftovers_kills_what_an_earlier_agent_left_and_spares_keep(tmp_path: Path) -> None:
+    before = launcher(tmp_path / "agent")
+    runs = [before.start(make_launch(SLEEPER, job_id=job_id)) for job_id in (1, 2)]
+    grandchildren = [int(first_line(run)) for run in runs]
+    # The shims die with the earlier agent (say, an OOM kill of the whole tree): only their
+    # jobs are left, which no lifeline watches any more.
+    for run in runs:
+        shim = int((run.attempt_dir / "pid").read_text().split('"shim": ')[1].split(",")[0])
+        os.kill(shim, signal.SIGKILL)
+    eventually(lambda: all(run.has_exited() for run in runs), within=2)
+    assert all(group_members(run.pid or 0) for run in runs)
+
+    after = launcher(tmp_path / "agent")
+    assert after.reap_leftovers(keep={(2, 0)}) == [(1, 0)]
+    eventually(lambda: not group_members(runs[0].pid or 0), within=1)
+    assert not alive(grandchildren[0])
+    assert group_members(runs[1].pid or 0) and alive(grandchildren[1])
+    assert after.reap_leftovers(keep=set()) == [(2, 0)]
+    eventually(lambda: not group_members(runs[1].pid or 0), within=1)
+    assert after.reap_leftovers(keep=set()) == []
+
+
+def test_an_attempt_still_running_is_refused_and_a_dead_one_moved_aside(tmp_path: Path) -> None:
+    first = launcher(tmp_path / "agent")
+    run = first.start(make_launch(SLEEPER))
+    first_line(run)
+    with pytest.raises(LaunchError, match="^attempt already running on this node"):
+        launcher(tmp_path / "agent").start(make_launch(["true"]))
+    run.terminate(0.1)
+    run.wait()
+    again = launcher(tmp_path / "agent").start(make_launch(["true"]))
+    assert again.wait() == 0
+    names = sorted(p.name for p in (tmp_path / "agent" / "jobs").iterdir())
+    assert names[0] == "1-0" and names[1].startswith("1-0.replaced-")
+
+
+def test_a_missing_command_is_a_launch_error(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="^command not found: /no/such/program$"):
+        launcher(tmp_path).start(make_launch(["/no/such/program"]))
+
+
+# --- job uids (root agent) --------------------------------------------------------------------
+
+
+@needs_root
+def test_each_running_attempt_gets_its_own_uid_no_groups_and_a_private_directory(
+    open_dir: Path,
+) -> None:
+    python, env = python_for_job_uids()
+    code = "import os; print(os.getuid(), os.getgid(), os.getgroups(), flush=True); input()"
+    jobs = launcher(open_dir / "agent", job_uids=POOL, network="host")
+    runs = [
+        jobs.start(make_launch([python, "-c", code], job_id=job_id, env=env)) for job_id in (1, 2)
+    ]
+    seen = [first_line(run) for run in runs]
+    uids = [int(line.split()[0]) for line in seen]
+    assert len(set(uids)) == 2 and all(POOL[0] <= uid <= POOL[1] for uid in uids)
+    assert seen == [f"{uid} {uid} []" for uid in uids]
+    for run, uid in zip(runs, uids, strict=True):
+        work = run.attempt_dir / "work"
+        assert (work.stat().st_uid, work.stat().st_mode & 0o777) == (uid, 0o700)
+        assert (run.attempt_dir / "pid").stat().st_mode & 0o077 == 0
+        run.terminate(0.1)
+        run.wait()
+        run.release()
+        assert run.attempt_dir.stat().st_mode & 0o777 == 0o700  # closed once it ended
+
+
+@needs_root
+def test_a_process_that_left_the_jobs_group_dies_with_the_job(open_dir: Path) -> None:
+    command = ["sh", "-c", "setsid sleep 300 & echo $!"]
+    run = launcher(open_dir / "agent", job_uids=POOL, network="host").start(make_launch(command))
+    escaped = int(first_line(run))
+    assert run.wait() == 0
+    eventually(lambda: not alive(escaped), within=1)
+
+
+@needs_root
+def test_killing_the_agent_also_kills_what_left_the_jobs_group(open_dir: Path) -> None:
+    command = ["sh", "-c", "setsid sleep 300 & echo $!; wait"]
+    agent, job = start_agent(workdir=open_dir / "agent", command=command, uids=POOL)
+    escaped = int(job["line"])
+    assert alive(escaped)
+    agent.kill()
+    agent.wait()
+    assert eventually(lambda: not alive(escaped), within=1.0) < 1.0
+
+
+@needs_root
+def test_a_work_directory_job_uids_cannot_reach_is_a_clear_launch_error(tmp_path: Path) -> None:
+    # pytest's tmp_path sits in a 0700 directory.
+    with pytest.raises(LaunchError, match="cannot reach its work directory: .* is mode 0700"):
+        launcher(tmp_path / "agent", job_uids=POOL, network="host").start(make_launch(["true"]))
+
+
+@needs_root
+def test_jobs_are_refused_while_the_portals_files_are_open_to_other_users(
+    open_dir: Path,
+) -> None:
+    database = open_dir / "portal.sqlite3"
+    database.write_text("")
+    database.chmod(0o644)
+    (open_dir / "agent").mkdir(mode=0o700)  # as a umask of 077 leaves it: opened to pass
+    jobs = launcher(
+        open_dir / "agent" / "node-t", job_uids=POOL, network="host", private_dir=open_dir
+    )
+    with pytest.raises(LaunchError, match=f"^jobs could open the portal's files: {database};"):
+        jobs.start(make_launch(["true"]))
+    database.chmod(0o600)
+    assert jobs.start(make_launch(["true"])).wait() == 0
+    assert (open_dir / "agent").stat().st_mode & 0o777 == 0o701
+
+
+# --- what the banner says --------------------------------------------------------------------
+
+
+def agent_settings(**env: str) -> AgentSettings:
+    from workers.signing import key_to_text
+
+    return AgentSettings.from_env({"PORTAL_AGENT_KEY": key_to_text(bytes(range(32))), **env})
+
+
+@needs_root
+def test_the_summary_of_a_root_agent_names_the_uids_and_the_namespace() -> None:
+    assert isolation_summary(agent_settings()) == (
+        "jobs run as uid 61000-61999 (one per running attempt, no groups) in their own network "
+        "namespace (no network); files: private job directories; not isolated: CPU, memory, "
+        "GPU memory, /tmp, /dev/shm, world-readable host files"
+    )
+
+
+def test_the_summary_says_plainly_when_jobs_share_the_host_network() -> None:
+    summary = isolation_summary(agent_settings(PORTAL_AGENT_JOB_NETWORK="host"))
+    assert "with the host network (PORTAL_AGENT_JOB_NETWORK=host)" in summary
+    assert "NOT isolated: the network, CPU" in summary
+
+
+def test_the_summary_says_when_jobs_run_as_the_agents_user() -> None:
+    summary = isolation_summary(agent_settings(PORTAL_AGENT_JOB_UIDS="agent"))
+    assert summary.startswith(f"jobs run as the agent's user (uid {os.geteuid()})")
+    assert "NOT isolated: the agent's files and processes, CPU" in summary
+
+
+@pytest.mark.parametrize("value", ["0-10", "61000-60000", "abc", "-5", "61000-", "4294967295"])
+def test_a_bad_job_uid_range_names_the_variable(value: str) -> None:
+    from workers.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="^PORTAL_AGENT_JOB_UIDS: must be a uid range"):
+        agent_settings(PORTAL_AGENT_JOB_UIDS=value)
+
+
+def test_job_uids_accept_a_range_one_uid_or_the_agents_user() -> None:
+    assert agent_settings().job_uids == (61000, 61999)
+    assert agent_settings(PORTAL_AGENT_JOB_UIDS="70000-70009").job_uids == (70000, 70009)
+    assert agent_settings(PORTAL_AGENT_JOB_UIDS="70000").job_uids == (70000, 70000)
+    assert agent_settings(PORTAL_AGENT_JOB_UIDS="agent").job_uids is None
+
+
+def test_a_bad_job_network_names_the_variable_and_the_choices() -> None:
+    from workers.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="^PORTAL_AGENT_JOB_NETWORK: must be one of auto, none"):
+        agent_settings(PORTAL_AGENT_JOB_NETWORK="bridge")
+
+
+@pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback wording")
+def test_the_summary_of_a_non_root_agent_says_run_as_root_to_isolate() -> None:
+    assert "run the agent as root to isolate" in isolation_summary(agent_settings())
