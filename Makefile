@@ -12,12 +12,12 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench clean distclean install chromium
+.PHONY: help run test lint format bench clean distclean install chromium dockerd
 
 help:
 	@echo "make run    - install, migrate, seed demo data and start the portal on http://127.0.0.1:8000"
-	@echo "make test   - install and run the whole suite (ruff, mypy --strict scheduler, pytest)"
-	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler"
+	@echo "make test   - install and run the whole suite (ruff, mypy --strict scheduler workers, pytest)"
+	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - run the benchmarks into bench/results.json"
 	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
@@ -40,9 +40,12 @@ run: $(INSTALLED)
 chromium:
 	@bash scripts/ensure-chromium.sh
 
-test: $(INSTALLED) chromium
+dockerd:
+	@bash scripts/ensure-dockerd.sh
+
+test: $(INSTALLED) chromium dockerd
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict scheduler
+	$(VENV)/bin/mypy --strict scheduler workers
 	@# pytest exits 5 when it collected no test: that is a broken suite, never a pass.
 	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no test (exit 5)" >&2; fi; \
@@ -51,7 +54,7 @@ test: $(INSTALLED) chromium
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy --strict scheduler
+	$(VENV)/bin/mypy --strict scheduler workers
 
 format: $(INSTALLED)
 	$(VENV)/bin/ruff format .

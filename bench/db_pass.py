@@ -9,7 +9,8 @@ pass's writes (assignments, allocations, events, stop requests, explanations) ar
 between repeats, untimed.
 
 Timed: the whole pass (lock, snapshot, decide, apply, commit), with its parts. Not timed: the
-launch messages after commit (``dispatch_ms`` reports them separately, broker stubbed).
+launch messages after commit (``dispatch_ms`` reports them separately, broker stubbed; each
+node has a key, so this includes deriving the keys and signing every launch).
 
 ``python -m bench.db_pass [--repeats N]`` prints the figures; ``run()`` returns them.
 """
@@ -98,14 +99,17 @@ def _remove_tree(folder: Path) -> None:
 
 
 def _populate(now: datetime) -> dict[str, int]:
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
     from bench.core_pass import NOW, build_snapshot
     from portal.accounting.models import UsageBalance
+    from portal.agents.models import NodeCredential
     from portal.cluster.models import Gpu, Node, Slice
     from portal.jobs.models import Allocation, Job, JobDependency, JobState
     from portal.tenants.models import Team
+    from workers.signing import derive_node_key, key_digest, new_salt
 
     snapshot = build_snapshot()
 
@@ -127,6 +131,16 @@ def _populate(now: datetime) -> dict[str, int]:
             batch_size=_BATCH,
         )
         node_pk = {n.name: n.pk for n in nodes}
+        # Each node has its key, as `manage.py node_add` makes it: launches are signed with it.
+        secret = settings.NODE_KEY_SECRET.encode("utf-8")
+        credentials = []
+        for n in nodes:
+            salt = new_salt()
+            key = derive_node_key(secret, node=n.name, salt=salt)
+            credentials.append(
+                NodeCredential(node_id=n.pk, salt=salt, digest=key_digest(key), created_at=now)
+            )
+        NodeCredential.objects.bulk_create(credentials, batch_size=_BATCH)
         gpu_rows: dict[tuple[str, str], Gpu] = {}
         for n in snapshot.nodes:
             for s in n.slices:

@@ -71,6 +71,8 @@ try:
     # Signed messages further than this from the receiver's clock are refused (and replays
     # are recognised within twice this window).
     MESSAGE_MAX_SKEW_S = env_float("PORTAL_MESSAGE_MAX_SKEW_S", 300.0, minimum=5.0)
+    # Records of refused messages (admin: Agents > Refused messages) are kept this long.
+    REFUSED_KEEP_DAYS = env_float("PORTAL_REFUSED_KEEP_DAYS", 30.0, minimum=1.0)
     # How often a job that was lost or preempted is requeued before it is failed.
     JOB_MAX_RETRIES = env_int("PORTAL_JOB_MAX_RETRIES", 3, minimum=0)
     # Largest request one job may make, in slices (protects the queue from typos like 800).

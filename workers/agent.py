@@ -516,6 +516,9 @@ def adopt_runs(launcher: Launcher, journal: AttemptJournal) -> dict[tuple[int, i
 
 def main(environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # One line per received task (an ack every heartbeat) would drown what matters.
+    for chatty in ("celery.worker.strategy", "celery.app.trace"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     env = os.environ if environ is None else environ
     try:
         settings = AgentSettings.from_env(env)

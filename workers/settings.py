@@ -74,7 +74,7 @@ class AgentSettings:
         return cls(
             node=node,
             broker_url=_broker_url(env, var_dir),
-            heartbeat_s=_positive(get, "PORTAL_AGENT_HEARTBEAT_S", 5.0),
+            heartbeat_s=_positive(get, "PORTAL_AGENT_HEARTBEAT_S", 2.0),
             launcher=_choice(get, "PORTAL_AGENT_LAUNCHER", LAUNCHERS),
             workdir=workdir,
             mps_root=Path(get("PORTAL_AGENT_MPS_ROOT") or workdir / "mps").resolve(),
@@ -93,7 +93,7 @@ class AgentSettings:
                 _positive(get, "PORTAL_AGENT_OUTBOX_LOG_MB", 64, integer=True) * 1024 * 1024
             ),
             var_dir=var_dir.resolve(),
-            job_uids=_job_uids(get("PORTAL_AGENT_JOB_UIDS")),
+            job_uids=job_uids_from(get("PORTAL_AGENT_JOB_UIDS")),
             job_network=_choice(get, "PORTAL_AGENT_JOB_NETWORK", JOB_NETWORKS),
         )
 
@@ -138,7 +138,7 @@ def _fraction(get: Getter, name: str, default: float) -> float:
     return value
 
 
-def _job_uids(raw: str | None) -> tuple[int, int] | None:
+def job_uids_from(raw: str | None) -> tuple[int, int] | None:
     """PORTAL_AGENT_JOB_UIDS: `FIRST-LAST`, one uid, or `agent` (jobs run as the agent's user)."""
     if raw is None:
         return DEFAULT_JOB_UIDS

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, request_stops, send_launches, send_queries
 from portal.agents.models import Dispatch
-from portal.agents.trust import forget_old_nonces
+from portal.agents.trust import forget_old_nonces, forget_old_refusals
 from portal.cluster.models import Node
 from portal.jobs.attempts import attempt_lose
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
@@ -61,6 +61,7 @@ def reap_lost_agents(*, now: datetime | None = None) -> ReapResult:
     _resend_launches(when, result)
     _resend_stops(when, result)
     result.nonces_forgotten = forget_old_nonces(now=when)
+    forget_old_refusals(now=when)
     if any(result.as_dict().values()):
         log.info("reaper: %s", result.as_dict())
     return result

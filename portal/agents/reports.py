@@ -18,7 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, send_queries, send_stop_attempt
-from portal.agents.models import Dispatch, JobMetrics, NodeCredential
+from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMessage
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
@@ -26,6 +26,7 @@ from portal.jobs.attempts import attempt_finish, attempt_start
 from portal.jobs.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
+    Allocation,
     Job,
     JobLogChunk,
     JobState,
@@ -47,6 +48,8 @@ from workers.signing import SignatureError
 log = logging.getLogger("portal.agents")
 
 S = JobState
+# A node that keeps claiming another node's GPU is recorded once per this long.
+CLAIM_QUIET = timedelta(minutes=10)
 
 
 def _at(epoch: float) -> datetime:
@@ -63,7 +66,20 @@ def handle_report(message: Message, *, now: datetime | None = None) -> Ack | Non
     when = now or timezone.now()
     if isinstance(message, Heartbeat):
         return record_heartbeat(message, now=when)
-    if isinstance(message, Started):
+    if isinstance(message, (Started, LogChunk, Finished)) and not _its_attempt(message):
+        # Signed by a node that was never given this attempt: not applied, but acknowledged,
+        # so a confused agent's outbox does not resend it for ever.
+        record_refusal(
+            SignatureError(
+                "not_its_attempt",
+                f"{message.node} reported {message.TYPE} for job {message.job_id} attempt "
+                f"{message.attempt}, which was never placed on it",
+                node=message.node,
+            ),
+            {"type": message.TYPE},
+            now=when,
+        )
+    elif isinstance(message, Started):
         record_started(message, now=when)
     elif isinstance(message, LogChunk):
         record_log(message)
@@ -76,6 +92,13 @@ def handle_report(message: Message, *, now: datetime | None = None) -> Ack | Non
         log.warning("dropped a %s message: agents do not send those", type(message).__name__)
         return None
     return Ack(node=message.node, reports=(message.report_key(),))
+
+
+def _its_attempt(message: Started | LogChunk | Finished) -> bool:
+    """Whether the attempt was ever placed on the reporting node (held now or before)."""
+    return Allocation.objects.filter(
+        job_id=message.job_id, attempt=message.attempt, slice__gpu__node__name=message.node
+    ).exists()
 
 
 # --- reports about one attempt ----------------------------------------------------------------
@@ -177,7 +200,8 @@ def record_heartbeat(msg: Heartbeat, *, now: datetime) -> Ack:
         changed = sync_inventory(node, gpus)
         age = now.timestamp() - msg.sent_at
         for finished in msg.finished:
-            record_finished(finished, now=now)
+            if _its_attempt(finished):
+                record_finished(finished, now=now)
             settled.append(finished.report_key())
         if age <= settings.AGENT_LEASE_S:
             _settle_running(node, msg, now)
@@ -187,13 +211,17 @@ def record_heartbeat(msg: Heartbeat, *, now: datetime) -> Ack:
         if came_back or changed:
             schedule_pass_on_commit()
     for uuid, owner in claimed:
+        if RefusedMessage.objects.filter(
+            reason="gpu_claimed", node=msg.node, detail__contains=uuid, at__gte=now - CLAIM_QUIET
+        ).exists():
+            continue  # said already: one record per claim every CLAIM_QUIET, not per heartbeat
         record_refusal(
             SignatureError(
                 "gpu_claimed",
                 f"{msg.node} listed GPU {uuid}, which belongs to node {owner}: not given to it",
                 node=msg.node,
             ),
-            None,
+            {"type": "heartbeat"},
             now=now,
         )
     return Ack(

@@ -76,6 +76,13 @@ def forget_old_nonces(*, now: datetime) -> int:
     return deleted
 
 
+def forget_old_refusals(*, now: datetime) -> int:
+    """Refusal records are kept PORTAL_REFUSED_KEEP_DAYS, then go."""
+    cutoff = now - timedelta(days=settings.REFUSED_KEEP_DAYS)
+    deleted, _ = RefusedMessage.objects.filter(at__lt=cutoff).delete()
+    return deleted
+
+
 def record_refusal(error: SignatureError, raw: Any, *, now: datetime | None = None) -> None:
     """Leave a trace of a refused message: a row an operator sees in the admin, and a log
     line. Never raises: a refusal must not turn into a retry loop."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connections
 
 from portal.tenants.management.commands import seed_demo
+from workers.launchers.process import plan_isolation
+from workers.settings import SettingsError, job_uids_from
 
 
 def demo_logins() -> tuple[list[str], str]:
@@ -51,8 +54,24 @@ def ready_text(*, url: str, seconds: float, nodes: list[str]) -> str:
         f"  API docs:   {url}api/docs/",
         "",
         "  Agents: " + (", ".join(nodes) if nodes else "none (--no-agent)"),
+        *(_wrap("  Jobs:   ", job_isolation()) if nodes else []),
         "  Ctrl-C stops everything.",
         "=" * 72,
         "",
     ]
     return "\n".join(lines)
+
+
+def job_isolation() -> str:
+    """What the local agent's process launcher isolates on this host, and what it does not
+    (the same line the agent logs at start)."""
+    try:
+        uids = job_uids_from(os.environ.get("PORTAL_AGENT_JOB_UIDS", "").strip() or None)
+        network = os.environ.get("PORTAL_AGENT_JOB_NETWORK", "").strip() or "auto"
+        return plan_isolation(job_uids=uids, network=network).summary()
+    except SettingsError as error:
+        return f"jobs cannot start: {error}"
+
+
+def _wrap(label: str, text: str, width: int = 70) -> list[str]:
+    return textwrap.wrap(text, width, initial_indent=label, subsequent_indent=" " * len(label))

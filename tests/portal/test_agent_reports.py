@@ -135,6 +135,14 @@ def test_a_started_report_of_a_stale_attempt_changes_nothing_and_stops_that_atte
     node, team_and_user, django_capture_on_commit_callbacks
 ):
     job = _holding_job(*team_and_user, attempt=3)
+    # Attempt 2 ran on this node before (its slices long released).
+    Allocation.objects.create(
+        job=job,
+        attempt=2,
+        slice=Slice.objects.get(key=GPU0),
+        created_at=timezone.now(),
+        released_at=timezone.now(),
+    )
 
     with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
         _report(started(job.pk, 2))
@@ -545,6 +553,17 @@ def test_the_nodes_answer_that_an_attempt_is_gone_requeues_it_counting_a_retry(
     )
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
     assert UsageRecord.objects.filter(job=job, attempt=1).count() == 1
+
+
+def test_an_unknown_answer_counts_against_the_retries_like_any_loss(node, team_and_user, settings):
+    settings.JOB_MAX_RETRIES = 0
+    job = _holding_job(*team_and_user, state=JobState.RUNNING, held_for_s=300.0)
+
+    _report(finished(job.pk, 1, outcome="unknown", exit_code=None))
+
+    job.refresh_from_db()
+    assert job.state == "FAILED"
+    assert job.reason == f"lost 1 times (PORTAL_JOB_MAX_RETRIES=0); last: unknown on {NODE}"
 
 
 def test_a_job_whose_cancel_was_asked_for_ends_cancelled_when_its_node_answers_fenced(

@@ -28,7 +28,7 @@ def test_defaults_use_the_hostname_the_embedded_broker_and_the_process_launcher(
     assert settings.node == node
     assert settings.broker_url == f"redis+socket://{tmp_path / '.var' / 'redis.sock'}"
     assert settings.launcher == "process"
-    assert settings.heartbeat_s == 5.0
+    assert settings.heartbeat_s == 2.0  # docs/agent.md: several within the fence point
     assert settings.workdir == tmp_path / ".var" / "agent" / node
     assert settings.mps_root == tmp_path / ".var" / "agent" / node / "mps"
     assert settings.gpu_source == "auto"

@@ -1,8 +1,9 @@
 """The Docker launcher against a real Docker engine that the test starts itself.
 
-Skipped unless `dockerd` is installed and the tests run as root. The engine runs with the
-vfs storage driver and no networking; the image is imported from a tarball of the host's
-/bin/sh and /bin/sleep with their libraries (no registry). There is no NVIDIA runtime here,
+Skipped unless the tests run as root. Without `dockerd` (Debian's docker.io, which `make test`
+installs when root) skipped too, or failed when PORTAL_REQUIRE_SERVICES=1, as in CI. The engine
+runs with the vfs storage driver and no networking; the image is imported from a tarball of the
+host's /bin/sh and /bin/sleep with their libraries (no registry). There is no NVIDIA runtime here,
 so a real launch must fail at the GPU device request and leave no container behind; the
 container lifecycle (logs, exit code, stop with grace, removal), adoption by a restarted
 agent and the watchdog's fencing are exercised with the launcher's own request minus that
@@ -27,12 +28,16 @@ from typing import Any
 import msgspec
 import pytest
 from agent_doubles import GPU_0, RecordingSender, make_launch
+from services import require_service
 
+from workers.agent import build_launcher
 from workers.launch import job_environment
 from workers.launchers.docker import DockerLauncher, DockerRun, container_request
 from workers.lease import Lease, lease_path, write_lease
 from workers.outbox import AttemptJournal
 from workers.protocol import Launch, Started, Stop
+from workers.settings import AgentSettings
+from workers.signing import KEY_BYTES, key_to_text
 from workers.supervisor import Supervisor
 from workers.watchdog import ensure_watchdog, process_identity
 
@@ -40,14 +45,15 @@ docker = pytest.importorskip("docker")
 DOCKERD = shutil.which("dockerd")
 IMAGE = "portal-agent-test:1"
 
-pytestmark = pytest.mark.skipif(
-    DOCKERD is None or os.geteuid() != 0, reason="needs dockerd and root to start an engine"
-)
-
 
 @pytest.fixture(scope="module")
 def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The started engine's URL (what `DOCKER_HOST` would hold)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start an engine")
+    if DOCKERD is None:
+        # `make test` installs it when root (scripts/ensure-dockerd.sh); CI must run these.
+        require_service("dockerd (Debian's docker.io package)")
     root = tmp_path_factory.mktemp("dockerd")
     socket = root / "docker.sock"
     log = (root / "dockerd.log").open("w")
@@ -93,7 +99,9 @@ def wait_for_engine(client: Any, daemon: subprocess.Popen[bytes], root: Path) ->
             return
         except Exception:
             if time.monotonic() > deadline or daemon.poll() is not None:
-                pytest.skip(f"dockerd did not start: {(root / 'dockerd.log').read_text()[-500:]}")
+                require_service(
+                    f"a dockerd that starts ({(root / 'dockerd.log').read_text()[-500:]})"
+                )
             time.sleep(0.2)
 
 
@@ -463,3 +471,64 @@ def test_a_restarted_agent_reports_an_attempt_fenced_while_it_was_down(
     assert sender.log_text(930) == "up\n"
     assert containers_of(engine, launch) == []
     assert launcher.fenced(930, 0) is None  # the marker went with the container
+
+
+# --- the agent process with the docker launcher -----------------------------------------------
+
+
+def docker_agent_env(engine_url: str, workdir: Path, node: str) -> dict[str, str]:
+    return {
+        "PATH": os.environ["PATH"],
+        "DOCKER_HOST": engine_url,
+        "PORTAL_AGENT_LAUNCHER": "docker",
+        "PORTAL_AGENT_NODE": node,
+        "PORTAL_AGENT_KEY": key_to_text(bytes(range(KEY_BYTES))),
+        "PORTAL_AGENT_GPU_SOURCE": "described",
+        "PORTAL_AGENT_WORKDIR": str(workdir),
+        "PORTAL_VAR_DIR": str(workdir.parent / "var"),
+        # Nothing answers here: the watchdog must run before the agent reaches its broker.
+        "PORTAL_BROKER_URL": f"redis+socket://{workdir.parent / 'no-broker.sock'}",
+    }
+
+
+def test_the_agent_builds_its_docker_launcher_on_its_work_directory(
+    engine_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = docker_agent_env(engine_url, tmp_path / "agent", "agent-0")
+    monkeypatch.setenv("DOCKER_HOST", engine_url)
+    settings = AgentSettings.from_env(env)
+    launcher = build_launcher(settings)
+    assert isinstance(launcher, DockerLauncher)
+    # Where the watchdog leaves its fence markers, so fenced attempts are reported fenced.
+    assert launcher.workdir == settings.workdir
+
+
+def test_a_docker_agent_starts_its_watchdog_before_it_consumes(
+    engine: Any, engine_url: str, tmp_path: Path, watchdogs: list[int]
+) -> None:
+    workdir = tmp_path / "agent"
+    log = (tmp_path / "agent.log").open("w")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "workers"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=docker_agent_env(engine_url, workdir, "agent-1"),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: (workdir / "watchdog.pid").exists())
+        pid = int((workdir / "watchdog.pid").read_text())
+        watchdogs.append(pid)
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert b"workers.watchdog" in command and b"--node=agent-1" in command
+        assert f"--workdir={workdir}".encode() in command
+        # It guards this agent: the agent registered itself.
+        assert (workdir / "agent.pid").read_text() == process_identity(agent.pid)
+        assert agent.poll() is None
+    finally:
+        agent.kill()  # kill -9: the watchdog outlives its agent
+        agent.wait()
+        log.close()
+    # No agent and no container of its node left: it stands down by itself.
+    wait_until(lambda: process_identity(pid) is None)
+    assert "Traceback" not in (tmp_path / "agent.log").read_text()
