@@ -13,6 +13,7 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint format bench clean distclean install chromium dockerd
+.PHONY: chaos chaos-short
 
 help:
 	@echo "make run    - install, migrate, seed demo data and start the portal on http://127.0.0.1:8000"
@@ -20,6 +21,7 @@ help:
 	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - run the benchmarks into bench/results.json"
+	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20"
 	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
 
 $(PY):
@@ -62,6 +64,17 @@ format: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m bench
+
+# The chaos harness (tests/chaos): a private PostgreSQL and Redis, the whole portal, seeded
+# faults, then checks against what really ran. Needs root. `make chaos SEED=3 ARGS="--agents 4"`.
+SEED ?= 1
+chaos: $(INSTALLED)
+	@echo "make chaos: 1000 faults, one every 2-5 s: about 60 min, plus ~1 min start and up to 4 min settling"
+	$(PY) -m tests.chaos --faults 1000 --jobs 1000 --seed $(SEED) --out test-results/chaos.json $(ARGS)
+
+chaos-short: $(INSTALLED)
+	@echo "make chaos-short: 20 faults: about 3 min"
+	$(PY) -m tests.chaos --faults 20 --jobs 30 --seed $(SEED) --out test-results/chaos-short.json $(ARGS)
 
 clean:
 	rm -rf .var .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info test-results

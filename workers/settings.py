@@ -82,7 +82,8 @@ class AgentSettings:
             inventory=get("PORTAL_AGENT_INVENTORY"),
             mps_shares=get("PORTAL_AGENT_MPS"),
             kill_grace_s=_positive(get, "PORTAL_AGENT_KILL_GRACE_S", 10.0),
-            docker_network=get("PORTAL_AGENT_DOCKER_NETWORK"),
+            # Jobs never reach the broker or the database: no network unless the operator names one.
+            docker_network=get("PORTAL_AGENT_DOCKER_NETWORK") or "none",
             concurrency=int(_positive(get, "PORTAL_AGENT_CONCURRENCY", 4, integer=True)),
             key=_node_key(get),
             fence_fraction=_fraction(get, "PORTAL_AGENT_FENCE_FRACTION", 0.5),

@@ -40,7 +40,7 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 800}
 JOB_TIMEOUT_MS = 120_000
-PRINT_DEVICES = "python -c \"import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\""
+PRINT_DEVICES = "python3 -c \"import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\""
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
         sleeper = submit_in_background(
             alice,
             name="resnet50-train",
-            command=["python", "-c", "import time; print('epoch 1', flush=True); time.sleep(120)"],
+            command=["python3", "-c", "import time; print('epoch 1', flush=True); time.sleep(120)"],
             gpu={"kind": "whole", "count": 1},
             time_limit_s=3600,
         )
@@ -190,7 +190,7 @@ def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
             alice,
             name="mps-check",
             command=[
-                "python",
+                "python3",
                 "-c",
                 "import os; print(os.environ['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE'])",
             ],
@@ -199,7 +199,7 @@ def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
         gang = submit_in_background(
             alice,
             name="sweep-2gpu",
-            command=["python", "-c", "print('gang done')"],
+            command=["python3", "-c", "print('gang done')"],
             gpu={"kind": "whole", "count": 2},
         )
         stack.wait_for(

@@ -20,6 +20,8 @@ from pathlib import Path
 
 from portal.ops.processes import free_port
 
+from .cluster import die_with_parent, spawn
+
 PG_USER = "postgres"
 DATABASE = "portal"
 
@@ -150,9 +152,11 @@ class PrivateRedis:
             "--appendonly", "no", "--dir", str(self.root), "--loglevel", "warning",
         ]  # fmt: skip
         with self.logfile.open("ab") as log:
-            self._process = subprocess.Popen(  # noqa: S603 - our own argv
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
+            self._process = spawn(
+                lambda: subprocess.Popen(  # noqa: S603 - our own argv
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=die_with_parent,  # noqa: PLW1509
+                )
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s
         while not self.answers():

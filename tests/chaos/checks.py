@@ -277,6 +277,21 @@ def check_no_stray_processes(stray: list[Execution], workdirs: dict[str, str]) -
     )
 
 
+def check_no_process_died(died: list[dict[str, Any]]) -> Check:
+    """No portal process exited without a fault killing it (a crash under chaos is a bug)."""
+    details = [
+        f"{d['process']} exited with code {d['exit_code']}; last line: "
+        f"{(d['last_lines'] or ['(none)'])[-1]}"
+        for d in died
+    ]
+    return Check(
+        "no portal process died on its own",
+        not died,
+        f"{len(died)} unexpected exits (each restarted)",
+        details,
+    )
+
+
 # --- measured figures ------------------------------------------------------------------------
 
 
@@ -326,7 +341,6 @@ def recovery_figures(
             if e.node(workdirs) == fault.target
             and e.started <= t0
             and (e.dead_by is None or e.dead_by > t0)
-            and e.end is None
         ]
         reruns = {}
         for e in affected:

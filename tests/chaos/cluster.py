@@ -16,15 +16,20 @@ import ctypes
 import ctypes.util
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from portal.ops import processes
 from portal.ops.supervisor import ChildSpec
+
+T = TypeVar("T")
 
 # Short timings, so that every fault resolves within seconds. The portal reads these.
 PORTAL_TIMINGS = {
@@ -116,11 +121,48 @@ def agent_spec(config: StackConfig, node: str, *, key: str | None = None) -> Chi
     )
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child: SIGKILL it if the harness dies, so no stack outlives a killed run."""
     libc_name = ctypes.util.find_library("c")
     if libc_name is not None:
         ctypes.CDLL(libc_name, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+class _Spawner:
+    """Starts every child from one thread that lives as long as the harness.
+
+    PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process: a
+    child started from a short-lived fault-recovery thread would be killed with it.
+    """
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[Callable[[], Any], queue.Queue[Any]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def run(self, start: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="spawner", daemon=True)
+                self._thread.start()
+        answer: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._requests.put((start, answer))
+        result = answer.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    def _serve(self) -> None:
+        while True:
+            start, answer = self._requests.get()
+            try:
+                answer.put(start())
+            except Exception as error:  # noqa: BLE001 - handed to the caller
+                answer.put(error)
+
+
+_spawner = _Spawner()
+spawn = _spawner.run
 
 
 class Proc:
@@ -146,15 +188,17 @@ class Proc:
         with self.log_path.open("ab") as log:
             log.write(f"===== chaos: start #{self.starts} at {time.time():.3f} =====\n".encode())
             log.flush()
-            self.process = subprocess.Popen(  # noqa: S603 - argv from portal.ops.processes
-                list(self.spec.argv),
-                env=dict(self.spec.env),
-                cwd=self.spec.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509
+            self.process = spawn(
+                lambda: subprocess.Popen(  # noqa: S603 - argv from portal.ops.processes
+                    list(self.spec.argv),
+                    env=dict(self.spec.env),
+                    cwd=self.spec.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_parent,  # noqa: PLW1509
+                )
             )
 
     def running(self) -> bool:

@@ -272,29 +272,23 @@ class Injector:
         done.set()
 
     def _message_fault(self, fault: Fault) -> str:
-        """Drop or duplicate the next message of the target queue (any queue if it stays
-        empty for half the window)."""
+        """Take the next message of the target queue off the broker, the way a consumer
+        would (BRPOP): Redis hands a message to the client that has waited longest, which
+        is us, since Celery's consumers renew their BRPOP every second. A drop keeps it; a
+        duplicate puts it back twice at the consumers' end. A queue that stays empty for the
+        window gives way to `control`, which always carries heartbeats."""
         client = self.stack.redis_client()
-        deadline = time.monotonic() + MESSAGE_WINDOW_S
-        half = time.monotonic() + MESSAGE_WINDOW_S / 2
-        while time.monotonic() < deadline:
-            queues = [fault.target]
-            if time.monotonic() > half:
-                queues += sorted(
-                    key.decode() for key in client.scan_iter(match="node.*", count=100)
-                ) + ["control"]
-            for queue in queues:
-                if fault.kind == "drop_message":
-                    raw = client.rpop(queue)  # the next one a consumer would take
-                    if raw is not None:
-                        return f"dropped from {queue}: {describe_message(raw)}"
-                else:
-                    raw = client.lindex(queue, -1)
-                    if raw is not None:
-                        client.lpush(queue, raw)
-                        return f"duplicated on {queue}: {describe_message(raw)}"
-            time.sleep(0.005)
-        return f"no message in any queue within {MESSAGE_WINDOW_S:.0f} s: nothing done"
+        queues = [fault.target] + (["control"] if fault.target != "control" else [])
+        for queue in queues:
+            popped = client.brpop([queue], timeout=MESSAGE_WINDOW_S)
+            if popped is None:
+                continue
+            raw = popped[1]
+            if fault.kind == "drop_message":
+                return f"dropped from {queue}: {describe_message(raw)}"
+            client.rpush(queue, raw, raw)
+            return f"duplicated on {queue}: {describe_message(raw)}"
+        return f"no message on {' or '.join(queues)} within {MESSAGE_WINDOW_S:.0f} s each"
 
 
 def describe_message(raw: bytes) -> str:

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -141,6 +142,11 @@ class ChaosStack:
         self.procs: dict[str, Proc] = {}
         self.token = ""
         self.url = ""
+        # Processes a fault took down on purpose; any other that exits died on its own.
+        self._down: set[str] = set()
+        self._lock = threading.RLock()
+        self._guarding = threading.Event()
+        self.died: list[dict[str, Any]] = []
 
     # -- start
 
@@ -179,8 +185,7 @@ class ChaosStack:
         self.procs[name] = proc
 
     def _nodes_registered(self) -> bool:
-        from portal.cluster.models import Node
-
+        Node = model("Node")
         registered = set(
             Node.objects.filter(name__in=self.nodes, gpus__isnull=False).values_list(
                 "name", flat=True
@@ -191,13 +196,41 @@ class ChaosStack:
     # -- Target (faults)
 
     def kill(self, name: str) -> None:
-        self.procs[name].kill()
+        with self._lock:
+            self._down.add(name)
+            self.procs[name].kill()
 
     def restart(self, name: str) -> None:
-        proc = self.procs[name]
-        if proc.running():
-            proc.kill()
-        proc.start()
+        with self._lock:
+            proc = self.procs[name]
+            if proc.running():
+                proc.kill()
+            proc.start()
+            self._down.discard(name)
+
+    # -- processes that die on their own
+
+    def start_guard(self) -> None:
+        """Watch for portal processes that exit without a fault: record and restart them."""
+        self._guarding.set()
+        threading.Thread(target=self._guard, name="guard", daemon=True).start()
+
+    def stop_guard(self) -> None:
+        self._guarding.clear()
+
+    def _guard(self) -> None:
+        while self._guarding.is_set():
+            time.sleep(1.0)
+            with self._lock:
+                for name, proc in self.procs.items():
+                    if not self._guarding.is_set() or name in self._down or proc.running():
+                        continue
+                    code = proc.process.returncode if proc.process is not None else None
+                    tail = _tail(proc.log_path, 15)
+                    self.died.append({"at": time.time(), "process": name, "exit_code": code,
+                                      "last_lines": tail})  # fmt: skip
+                    self.say(f"chaos: {name} exited on its own (code {code}); restarting it")
+                    proc.start()
 
     def pause(self, name: str) -> None:
         self.procs[name].pause()
@@ -220,7 +253,11 @@ class ChaosStack:
     def redis_client(self) -> Any:
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=2)
+        from .faults import MESSAGE_WINDOW_S
+
+        # Longer than a message fault's blocking BRPOP.
+        timeout = MESSAGE_WINDOW_S + 5
+        return redis.Redis(host="127.0.0.1", port=self.redis.port, socket_timeout=timeout)
 
     # -- stop
 
@@ -241,6 +278,13 @@ class ChaosStack:
     def outbox_pending(self) -> dict[str, int | None]:
         assert self.config is not None
         return {node: outbox_pending(self.config.workdir(node)) for node in self.nodes}
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def outbox_pending(workdir: Path) -> int | None:
@@ -298,6 +342,18 @@ def node_key(node: str) -> str | None:
     return lines[-1] if lines else None
 
 
+def model(name: str) -> Any:
+    """A portal model by its class name, wherever the restructure put it (one per name)."""
+    from django.apps import apps
+
+    found = [
+        m for m in apps.get_models() if m.__name__ == name and m.__module__.startswith("portal.")
+    ]
+    if len(found) != 1:
+        raise LookupError(f"expected one portal model named {name}, found {found}")
+    return found[0]
+
+
 def db_call(fn: Callable[[], T], *, timeout_s: float = DB_RETRY_S) -> T:
     """Run an ORM call, retrying with a fresh connection while the database restarts."""
     from django.db import InterfaceError, OperationalError, connection
@@ -343,7 +399,7 @@ class NodeWatcher:
     def _run(self) -> None:
         from django.db import DatabaseError, connection
 
-        from portal.cluster.models import Node
+        Node = model("Node")
 
         while not self._stop.wait(0.25):
             try:
@@ -435,8 +491,7 @@ class Submitter:
 def _job_id_by_name(name: str) -> int | None:
     from django.db import DatabaseError, connection
 
-    from portal.jobs.models import Job
-
+    Job = model("Job")
     try:
         return Job.objects.filter(name=name).values_list("pk", flat=True).first()
     except DatabaseError:
@@ -447,7 +502,12 @@ def _job_id_by_name(name: str) -> int | None:
 # --- the run ---------------------------------------------------------------------------------
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # runs the `finally`s: the stack is stopped, not orphaned
+
+
 def run(options: Options) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     say = Output()
     rng = random.Random(options.seed)
     nodes = [f"chaos-{i + 1}" for i in range(options.agents)]
@@ -513,6 +573,7 @@ def _exercise(
     injector = Injector(stack=stack, faults=faults, say=say)
     watcher.start()
     nodes_watch.start()
+    stack.start_guard()
     t0 = time.time()
     submitter.start(t0)
     injector.run()
@@ -522,6 +583,7 @@ def _exercise(
     _settle(options, submitter, watcher, say)
     stray = watcher.running()
     nodes_watch.stop()
+    stack.stop_guard()
     stack.stop_processes()
     killed = kill_job_processes(watcher.truth.executions)
     watcher.stop()
@@ -531,8 +593,7 @@ def _exercise(
 
 
 def _final_states(names: list[str]) -> dict[str, str]:
-    from portal.jobs.models import Job
-
+    Job = model("Job")
     return dict(
         db_call(lambda: list(Job.objects.filter(name__in=names).values_list("name", "state")))
     )
@@ -578,7 +639,7 @@ def _judge(
     stray: list[Any],
     say: Output,
 ) -> dict[str, Any]:
-    from portal.jobs.models import Allocation, Job, JobLogChunk
+    Job, Allocation, JobLogChunk = model("Job"), model("Allocation"), model("JobLogChunk")
 
     ids = set(submitter.submitted.values())
     jobs = {
@@ -635,6 +696,7 @@ def _judge(
         checks.check_logs_complete(jobs, logs, lines),
         checks.check_outbox(stack.outbox_pending()),
         checks.check_no_stray_processes(stray, workdirs),
+        checks.check_no_process_died(stack.died),
     ]
     figures = checks.recovery_figures(
         faults=faults, changes=nodes_watch.changes, truth=truth, workdirs=workdirs
@@ -646,6 +708,7 @@ def _judge(
         "states": dict(Counter(row.state for row in jobs.values())),
         "submit_retries": submitter.retries,
         "submit_failures": submitter.failures,
+        "processes_died": stack.died,
         "node_changes": [asdict(change) for change in nodes_watch.changes],
         "executions": [
             {**asdict(e), "node": e.node(workdirs), "how_it_ended": e.how_it_ended}

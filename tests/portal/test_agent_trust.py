@@ -225,6 +225,26 @@ def test_a_member_of_one_team_cannot_finish_or_write_into_another_teams_job_from
     assert RefusedMessage.objects.count() == 6
 
 
+def test_a_node_cannot_report_on_an_attempt_that_was_never_placed_on_it(
+    vision_job, django_capture_on_commit_callbacks
+):
+    """Even with a valid key of its own, node-2 cannot end or write into node-1's job: the
+    report is not applied, recorded, and acknowledged so the agent's outbox drains."""
+    register_node(OTHER)
+    before = _as_it_is(vision_job)
+
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        verdicts = [
+            agent_report(signed(finished(vision_job.pk, 1, node=OTHER, outcome="failed"))),
+            agent_report(signed(log_chunk(vision_job.pk, 1, 0, "not mine\n", node=OTHER))),
+        ]
+
+    assert verdicts == ["finished", "log"]
+    assert _as_it_is(vision_job) == before
+    assert RefusedMessage.objects.filter(reason="not_its_attempt", node=OTHER).count() == 2
+    assert [ack["node"] for ack, _ in sent.acks()] == [OTHER, OTHER]
+
+
 # --- what a node may claim -------------------------------------------------------------------------
 
 
