@@ -19,6 +19,8 @@ from .truth import Execution, Truth
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 # FAILED for one of these reasons is expected under chaos and reported apart.
 ALLOWED_FAILURES = {"retries exhausted": re.compile(r"PORTAL_JOB_MAX_RETRIES")}
+# A violation is shown with the faults of the seconds before it (the likely causes).
+RECENT_FAULT_S = 30.0
 
 
 @dataclass
@@ -115,7 +117,7 @@ def find_overlaps(truth: Truth, faults: list[Fault]) -> list[Overlap]:
                         f"#{f.index + 1} {f.kind} {f.target}"
                         for f in faults
                         if f.injected_at is not None
-                        and earlier.started <= f.injected_at <= later.started
+                        and later.started - RECENT_FAULT_S <= f.injected_at <= later.started
                     ]
                     overlaps.append(
                         Overlap(
@@ -131,8 +133,8 @@ def check_no_overlap(overlaps: list[Overlap], workdirs: dict[str, str]) -> Check
         details.append(
             f"job {o.job_id}: attempt {o.later.attempt} on {o.later.node(workdirs)} started "
             f"while attempt {o.earlier.attempt} on {o.earlier.node(workdirs)} ran on for "
-            f"{o.seconds:.1f} s more (it ended: {o.earlier.how_it_ended}); faults between "
-            f"their starts: {', '.join(o.faults[-4:]) or 'none'}"
+            f"{o.seconds:.1f} s more (it ended: {o.earlier.how_it_ended}); faults in the "
+            f"{RECENT_FAULT_S:.0f} s before: {', '.join(o.faults[-4:]) or 'none'}"
         )
     jobs = {o.job_id for o in overlaps}
     return Check(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import inspect
 import json
 import os
 import queue
@@ -110,14 +111,20 @@ def agent_spec(config: StackConfig, node: str, *, key: str | None = None) -> Chi
     on portal versions with per-node keys, the key `manage.py node_add` printed for it."""
     env = {**config.environment(), **AGENT_TIMINGS}
     env["PORTAL_AGENT_INVENTORY"] = json.dumps({"hostname": node, **INVENTORY})
+    extra: dict[str, Any] = {}
     if key is not None:
-        env["PORTAL_AGENT_KEY"] = key
+        # processes.agent_spec takes the key itself where it knows about keys.
+        if "key" in inspect.signature(processes.agent_spec).parameters:
+            extra["key"] = key
+        else:
+            env["PORTAL_AGENT_KEY"] = key
     return processes.agent_spec(
         node=node,
         workdir=config.workdir(node),
         broker_url=config.broker_url,
         env=env,
         name=f"agent-{node}",
+        **extra,
     )
 
 

@@ -153,7 +153,7 @@ class ChaosStack:
     def up(self) -> None:
         from portal.ops.processes import free_port, http_answers
 
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(mode=0o700, parents=True, exist_ok=True)
         # Jobs may run as another user: everyone may add their file here, nobody else's.
         self.truth_dir.mkdir()
         self.truth_dir.chmod(0o1777)
@@ -166,7 +166,10 @@ class ChaosStack:
             web_port=free_port(),
             base_env=dict(os.environ),
         )
+        # The portal's own files are closed to other users: jobs may run as one, and an agent
+        # refuses to launch while they could read them.
         self.config.var_dir.mkdir(parents=True, exist_ok=True)
+        self.config.var_dir.chmod(0o700)
         _setup_django(self.config)
         self.token = _prepare_database(units=UNITS_PER_NODE * len(self.nodes))
         for spec in control_plane_specs(self.config):
@@ -337,7 +340,7 @@ def node_key(node: str) -> str | None:
     if "node_add" not in get_commands():
         return None
     out = io.StringIO()
-    call_command("node_add", node, stdout=out)
+    call_command("node_add", node, stdout=out, stderr=io.StringIO())
     lines = [line.strip() for line in out.getvalue().splitlines() if line.strip()]
     return lines[-1] if lines else None
 
@@ -423,6 +426,7 @@ class Submitter:
         self.token = token
         self.plans = plans
         self.truth_dir = truth_dir
+        self.python, self.script = job_command(truth_dir.parent)
         self.submitted: dict[str, int] = {}
         self.retries = 0
         self.failures: list[str] = []
@@ -453,8 +457,8 @@ class Submitter:
             "team": TEAM,
             "image": "python:3.11-slim",
             "command": [
-                sys.executable,
-                str(JOB_SCRIPT),
+                self.python,
+                str(self.script),
                 str(self.truth_dir),
                 str(plan.lines),
                 f"{plan.seconds:.2f}",
@@ -486,6 +490,26 @@ class Submitter:
         )
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback
             return int(json.loads(response.read())["id"])
+
+
+def job_command(run_dir: Path) -> tuple[str, Path]:
+    """The interpreter and script a job runs. Jobs may run as an unprivileged uid: the
+    script is copied where any user can read it, and the interpreter is the first Python 3
+    any user may execute (the job script needs only the standard library)."""
+    script = run_dir / "job" / JOB_SCRIPT.name
+    script.parent.mkdir(mode=0o755, exist_ok=True)
+    shutil.copyfile(JOB_SCRIPT, script)
+    script.chmod(0o644)
+    candidates = [sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"]
+    python = next((c for c in candidates if _anyone_may_run(Path(c))), sys.executable)
+    return python, script
+
+
+def _anyone_may_run(path: Path) -> bool:
+    real = path.resolve()
+    if not real.is_file() or not real.stat().st_mode & 0o001:
+        return False
+    return all(parent.stat().st_mode & 0o001 for parent in real.parents)
 
 
 def _job_id_by_name(name: str) -> int | None:

@@ -24,6 +24,7 @@ allows one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import logging
 import os
@@ -169,13 +170,23 @@ def process_launcher(settings: AgentSettings) -> ProcessLauncher:
 class JobUids:
     """Hands each running attempt a uid of its own: never one another attempt holds, never one
     that still runs a process (left over from an earlier agent run, say). The cursor turns, so
-    a uid is reused as late as possible."""
+    a uid is reused as late as possible.
 
-    def __init__(self, first: int, last: int) -> None:
+    Several agents may share a host (tests, `runportal --agents 2`, a host split into nodes),
+    each with its own pool over the same range: a uid is also claimed host-wide, by an flock
+    on a file in a root-only directory, held while the attempt runs and dropped by the kernel
+    if the agent dies. Without that, two agents could hand one uid to two jobs at once, and
+    the end of one would kill the other (a job's end kills every process of its uid).
+    """
+
+    CLAIMS = Path("/run/portal-agent/job-uids")
+
+    def __init__(self, first: int, last: int, *, claims: Path | None = None) -> None:
         self.first, self.last = first, last
-        self._held: set[int] = set()
+        self._held: dict[int, int] = {}  # uid -> the fd holding its host-wide claim
         self._next = first
         self._lock = threading.Lock()
+        self._claims = claims or self.CLAIMS
 
     def acquire(self) -> int:
         size = self.last - self.first + 1
@@ -183,18 +194,34 @@ class JobUids:
             running = {p.uid for p in processes()}
             for step in range(size):
                 uid = self.first + (self._next - self.first + step) % size
-                if uid not in self._held and uid not in running:
-                    self._held.add(uid)
-                    self._next = uid + 1
-                    return uid
+                if uid in self._held or uid in running:
+                    continue
+                fd = self._claim(uid)
+                if fd is None:
+                    continue  # another agent on this host holds it
+                self._held[uid] = fd
+                self._next = uid + 1
+                return uid
         raise LaunchError(
             f"all {size} job uids ({self.first}-{self.last}) are in use; "
             "widen PORTAL_AGENT_JOB_UIDS"
         )
 
+    def _claim(self, uid: int) -> int | None:
+        self._claims.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(self._claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
     def release(self, uid: int) -> None:
         with self._lock:
-            self._held.discard(uid)
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # drops the flock
 
     def held(self) -> set[int]:
         with self._lock:
