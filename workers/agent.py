@@ -43,7 +43,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from celery import Celery  # type: ignore[import-untyped]
-from celery.signals import worker_shutting_down  # type: ignore[import-untyped]
+from celery.signals import (  # type: ignore[import-untyped]
+    after_setup_logger,
+    worker_shutting_down,
+)
 from kombu.entity import Queue
 
 from workers.inventory import InventoryError, discover, open_nvml
@@ -514,11 +517,21 @@ def adopt_runs(launcher: Launcher, journal: AttemptJournal) -> dict[tuple[int, i
     return {}
 
 
+def quiet_task_lines() -> None:
+    """One log line per received task (an ack every heartbeat) would drown what matters; the
+    worker sets its loggers up when it starts, so this runs again then."""
+
+    def quiet(**_: Any) -> None:
+        for chatty in ("celery.worker.strategy", "celery.app.trace"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+
+    quiet()
+    after_setup_logger.connect(quiet, weak=False)
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # One line per received task (an ack every heartbeat) would drown what matters.
-    for chatty in ("celery.worker.strategy", "celery.app.trace"):
-        logging.getLogger(chatty).setLevel(logging.WARNING)
+    quiet_task_lines()
     env = os.environ if environ is None else environ
     try:
         settings = AgentSettings.from_env(env)

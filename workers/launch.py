@@ -39,6 +39,14 @@ class LaunchError(Exception):
     """The attempt cannot be started as asked; reported as outcome 'launch_error'."""
 
 
+class LeaseLapsed(LaunchError):
+    """Not started because the agent's lease lapsed just before: not the job's fault, reported
+    as outcome 'fenced' so the portal requeues the attempt."""
+
+
+LEASE_LAPSED_TEXT = "the agent's lease has expired"
+
+
 def mps_pipe_dir(mps_root: Path, gpu_uuid: str) -> Path:
     return mps_root / gpu_uuid / "pipe"
 

@@ -263,7 +263,9 @@ class AttemptJournal:
         with self._lock:
             self._save(JournalEntry(job_id=launch.job_id, attempt=launch.attempt, launch=launch))
 
-    def record_started(self, key: Key, *, at: float, pid: int | None, container: str | None) -> None:
+    def record_started(
+        self, key: Key, *, at: float, pid: int | None, container: str | None
+    ) -> None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:

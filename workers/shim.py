@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.launch import LEASE_LAPSED_TEXT
 from workers.lease import read_lease
 
 LEASE_CHECK_S = 0.5
@@ -240,7 +241,7 @@ class Shim:
         lease = read_lease(self.lease)
         now = time.time()
         if lease is None or lease.expired(now):
-            raise ShimError(f"the agent's lease has expired: not starting ({self._why(now)})")
+            raise ShimError(f"{LEASE_LAPSED_TEXT}: not starting ({self._why(now)})")
 
     def _spawn(self, request: dict[str, Any]) -> subprocess.Popen[bytes]:
         command = [str(part) for part in request["command"]]

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from workers.launch import LaunchError, dropped_user_keys
+from workers.launch import LaunchError, LeaseLapsed, dropped_user_keys
 from workers.launchers import Launcher, Run, describe_exit
 from workers.outbox import AttemptJournal, JournalEntry
 from workers.protocol import (
@@ -387,7 +387,12 @@ class Supervisor:
         """A newer attempt of the same job arrived: the older one stops first, and the new one
         starts only once it has ended."""
         for old in older:
-            log.warning("job %s: attempt %s superseded by attempt %s", old.key[0], old.key[1], attempt.key[1])
+            log.warning(
+                "job %s: attempt %s superseded by attempt %s",
+                old.key[0],
+                old.key[1],
+                attempt.key[1],
+            )
             self._stop(
                 *old.key,
                 "superseded",
@@ -409,6 +414,10 @@ class Supervisor:
             return
         try:
             run = self.launcher.start(launch)
+        except LeaseLapsed as exc:
+            log.warning("job %s attempt %s not started: %s", *attempt.key, exc)
+            self._finish(attempt, None, "fenced", str(exc))
+            return
         except Exception as exc:
             log.warning("job %s attempt %s did not start: %s", *attempt.key, exc)
             self._finish(attempt, None, "launch_error", _describe_error(exc))

@@ -22,7 +22,7 @@ from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMe
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
-from portal.jobs.attempts import attempt_finish, attempt_start
+from portal.jobs.attempts import attempt_finish, attempt_settle_late, attempt_start
 from portal.jobs.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -155,8 +155,32 @@ def record_finished(msg: Finished, *, now: datetime) -> None:
         started_at=None if msg.started_at is None else _at(msg.started_at),
         now=now,
     )
-    if ended is None:
+    if ended is not None:
+        return
+    late = attempt_settle_late(
+        job_id=msg.job_id,
+        attempt=msg.attempt,
+        outcome=msg.outcome,
+        node=msg.node,
+        exit_code=msg.exit_code,
+        error=msg.error,
+        finished_at=_at(msg.finished_at),
+        started_at=None if msg.started_at is None else _at(msg.started_at),
+        now=now,
+    )
+    if late is None:
         log.info("finished report of job %s attempt %s ignored: stale", msg.job_id, msg.attempt)
+        return
+    log.warning(
+        "job %s ended %s by the late result of attempt %s; attempt %s is not needed",
+        msg.job_id,
+        late.state,
+        msg.attempt,
+        late.superseded_attempt,
+    )
+    if late.node is not None:
+        node, attempt = late.node, late.superseded_attempt
+        transaction.on_commit(lambda: send_stop_attempt(node, msg.job_id, attempt, "cancel"))
 
 
 def record_metrics(msg: Metrics) -> None:

@@ -194,6 +194,98 @@ def attempt_finish(
     return to
 
 
+# Outcomes that are the job's own result (it ran to its end), as opposed to a stop.
+_RESULT_STATES = {"succeeded": S.SUCCEEDED, "failed": S.FAILED, "timed_out": S.TIMED_OUT}
+
+
+@dataclass(frozen=True, slots=True)
+class LateSettlement:
+    """A job ended by the late result of an attempt it had given up on: its end state, and
+    the attempt it no longer needs (to stop on ``node``, if it was placed there)."""
+
+    state: str
+    superseded_attempt: int
+    node: str | None
+
+
+def attempt_settle_late(
+    *,
+    job_id: int,
+    attempt: int,
+    outcome: str,
+    node: str,
+    exit_code: int | None,
+    error: str,
+    finished_at: datetime,
+    started_at: datetime | None,
+    now: datetime,
+) -> LateSettlement | None:
+    """The result of an attempt the portal declared lost arrives after the job was requeued.
+
+    The attempt really ran to its end (its node was cut off, the agent kept the result in its
+    outbox). When the job's next attempt has not started yet, the job ends with that result
+    instead of running a second time; the next attempt's slices are freed and the caller stops
+    it on its node (an agent that never saw it keeps a tombstone and never starts it). The
+    job's attempt number goes back to the one whose result it keeps, so its log is that one.
+
+    Guard: ``outcome`` is the job's own result (succeeded, failed, timed out), ``attempt`` was
+    LOST, and the job is PENDING since (at that attempt) or ASSIGNED at a later attempt that
+    has no start. Returns
+    None and changes nothing otherwise (it then really is a stale report).
+    """
+    to = _RESULT_STATES.get(outcome)
+    if to is None:
+        return None
+    row = (
+        Job.objects.filter(pk=job_id)
+        .values_list("state", "attempt", "started_at", "node__name")
+        .first()
+    )
+    if row is None:
+        return None
+    state, current, current_start, current_node = row
+    # A requeue keeps the attempt number (the next assignment counts it up): PENDING at the
+    # lost attempt, or ASSIGNED at a later one that has not started.
+    waiting = (state == S.PENDING and current == attempt) or (
+        state == S.ASSIGNED and current > attempt and current_start is None
+    )
+    if not waiting:
+        return None
+    if not JobEvent.objects.filter(job_id=job_id, attempt=attempt, to_state=S.LOST).exists():
+        return None
+    exit_text = "" if exit_code is None else f", exit code {exit_code}"
+    with transaction.atomic():
+        left = transition(
+            job_id,
+            to=to,
+            from_states=[state],
+            attempt=current,
+            message=(
+                f"{outcome} on {node}{exit_text}: attempt {attempt} ran to its end while its node "
+                "was out of reach; it is not run again"
+            ),
+            at=now,
+            event_attempt=attempt,
+            exit_code=exit_code,
+            started_at=started_at,
+            finished_at=min(finished_at, now),
+            reason="" if to == S.SUCCEEDED else (error or outcome),
+            stop_requested_at=None,
+            stop_reason="",
+        )
+        if left is None:
+            return None
+        if current != attempt:
+            attempt_release_and_charge(job_id=job_id, attempt=current, ended_at=now, now=now)
+            Job.objects.filter(pk=job_id).update(attempt=attempt)
+        schedule_pass_on_commit()
+    return LateSettlement(
+        state=to,
+        superseded_attempt=current,
+        node=current_node if state == S.ASSIGNED else None,
+    )
+
+
 def attempt_lose(*, job_id: int, attempt: int, why: str, now: datetime | None = None) -> str | None:
     """A holding attempt whose agent is gone or forgot it: LOST, then requeued while the job
     has retries left (PORTAL_JOB_MAX_RETRIES lost attempts), else FAILED.

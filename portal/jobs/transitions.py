@@ -23,7 +23,9 @@ S = JobState
 
 # Which state may follow which. Anything else is a programming error, refused loudly.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
-    S.PENDING: frozenset({S.ASSIGNED, S.HELD, S.CANCELLED, S.FAILED}),
+    # A requeued job whose lost attempt's own result arrives before the next attempt started
+    # ends with that result (portal.jobs.attempts.attempt_settle_late).
+    S.PENDING: frozenset({S.ASSIGNED, S.HELD, S.CANCELLED, S.FAILED, S.SUCCEEDED, S.TIMED_OUT}),
     S.HELD: frozenset({S.PENDING, S.CANCELLED, S.FAILED}),
     # An agent's "finished" may overtake its "started": ASSIGNED may end directly.
     S.ASSIGNED: frozenset(

@@ -39,6 +39,10 @@ def main(argv: list[str]) -> int:
     fd = os.open(
         os.path.join(truth_dir, f"{job_id}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666
     )
+    if os.fstat(fd).st_uid == os.geteuid():
+        # The job's umask (the agent's 077) took the others' bits away, and the job's next
+        # attempt runs as another uid: it must be able to append here too.
+        os.fchmod(fd, 0o666)
 
     pid = os.getpid()
 

@@ -26,6 +26,7 @@ from portal.agents.testing import (
     started,
 )
 from portal.cluster.models import Gpu, Node, Slice
+from portal.jobs.attempts import attempt_lose
 from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
 from portal.jobs.testing import allocate, make_job, make_team, make_user
 from workers.inventory import stable_uuid
@@ -611,3 +612,66 @@ def test_an_attempt_the_agent_runs_but_the_portal_does_not_give_it_is_stopped(
         (requeued.pk, 1, "cancel", f"node.{NODE}")
     ]
     assert Job.objects.get(pk=requeued.pk).state == "PENDING"
+
+
+# --- a result that outlived its node's lease ---------------------------------------------------
+
+
+def _lost_and_requeued(team, user) -> Job:
+    job = _holding_job(team, user, state=JobState.RUNNING, attempt=1)
+    assert attempt_lose(job_id=job.pk, attempt=1, why="lease lapsed") == JobState.PENDING
+    job.refresh_from_db()
+    return job
+
+
+def test_a_late_success_of_a_lost_attempt_ends_the_requeued_job_instead_of_running_it_again(
+    node, team_and_user
+):
+    job = _lost_and_requeued(*team_and_user)
+    assert (job.state, job.attempt) == (JobState.PENDING, 1)
+
+    assert _report(finished(job.pk, 1, outcome="succeeded", exit_code=0)) == "finished"
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt, job.exit_code) == (JobState.SUCCEEDED, 1, 0)
+    assert "it is not run again" in job.events.order_by("-id").first().message
+
+
+def test_a_late_success_stops_the_next_attempt_that_was_assigned_but_not_started(
+    node, team_and_user, django_capture_on_commit_callbacks
+):
+    job = _lost_and_requeued(*team_and_user)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.ASSIGNED, attempt=2, assigned_at=timezone.now()
+    )
+    job.refresh_from_db()
+    allocate(job, [stable_uuid("GPU", NODE, 1)])
+
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        _report(finished(job.pk, 1, outcome="succeeded", exit_code=0))
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.SUCCEEDED, 1)
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+    assert [(m["attempt"], m["reason"]) for m, _ in sent.stops()] == [(2, "cancel")]
+
+
+def test_a_late_result_does_not_undo_a_next_attempt_that_already_started(node, team_and_user):
+    job = _lost_and_requeued(*team_and_user)
+    Job.objects.filter(pk=job.pk).update(
+        state=JobState.RUNNING, attempt=2, assigned_at=timezone.now(), started_at=timezone.now()
+    )
+
+    _report(finished(job.pk, 1, outcome="succeeded", exit_code=0))
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.RUNNING, 2)
+
+
+def test_a_late_stop_outcome_of_a_lost_attempt_changes_nothing(node, team_and_user):
+    job = _lost_and_requeued(*team_and_user)
+
+    _report(finished(job.pk, 1, outcome="fenced", exit_code=143))
+
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.PENDING, 1)

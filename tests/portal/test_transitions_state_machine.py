@@ -25,7 +25,9 @@ EXPECTED_EDGES = {
     (S.PENDING, S.ASSIGNED),
     (S.PENDING, S.HELD),
     (S.PENDING, S.CANCELLED),
-    (S.PENDING, S.FAILED),  # a dependency failed
+    (S.PENDING, S.FAILED),  # a dependency failed, or a lost attempt's late result
+    (S.PENDING, S.SUCCEEDED),  # a lost attempt's late result (attempt_settle_late)
+    (S.PENDING, S.TIMED_OUT),  # likewise
     (S.HELD, S.PENDING),
     (S.HELD, S.CANCELLED),
     (S.HELD, S.FAILED),

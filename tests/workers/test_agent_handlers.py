@@ -341,10 +341,12 @@ def test_the_outbox_and_the_journal_survive_a_restart(
     first = make_agent(sender, launcher, tmp_path)
     launch(first)
     sender.started()
+    # Its output is reported on its own thread: wait for it, or the outbox may or may not hold it.
+    sender.wait_for(lambda m: isinstance(m, LogChunk))
     # The agent dies here (kill -9): nothing more is reported by this run.
     again = RecordingSender()
     second = make_agent(again, ScriptedLauncher(), tmp_path)
-    assert [m.TYPE for m in second.outbox.pending()] == ["started"]
+    assert [m.TYPE for m in second.outbox.pending()] == ["started", "log"]
     second.supervisor.recover({})
     lost = again.finished()
     assert (lost.outcome, lost.started_at) == ("lost", CLOCK)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import workers
-from workers.launch import LaunchError, job_environment
+from workers.launch import LEASE_LAPSED_TEXT, LaunchError, LeaseLapsed, job_environment
 from workers.launchers import exit_code_from_returncode
 from workers.protocol import Launch
 from workers.settings import AgentSettings, SettingsError
@@ -465,7 +465,7 @@ class ProcessLauncher:
         if word == "started":
             return int(rest)
         if word == "error":
-            raise LaunchError(rest)
+            raise (LeaseLapsed if rest.startswith(LEASE_LAPSED_TEXT) else LaunchError)(rest)
         shim.wait()
         said = _drain(out_read).strip().splitlines()
         raise LaunchError(
