@@ -350,7 +350,10 @@ class Shim:
             os._exit(1)  # nothing started yet
         kill_group(self.job.pid, signal.SIGKILL)
         self._cleanup()
-        self.job.wait()
+        # Not Popen.wait(): this may run as a signal handler (PDEATHSIG) that interrupted the
+        # main loop inside Popen's own wait, whose lock it would then wait for forever.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.job.pid, 0)
         os._exit(128 + signal.SIGKILL)
 
     def _job_ended(self) -> int:

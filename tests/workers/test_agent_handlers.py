@@ -309,7 +309,10 @@ def test_reports_stay_in_the_outbox_until_acknowledged(
     assert {m.TYPE for m in agent.outbox.pending()} == {"started", "log", "finished"}
     deliver(
         agent,
-        Ack(node=NODE, reports=(finished.report_key(), ReportKey(kind="started", job_id=1, attempt=0))),
+        Ack(
+            node=NODE,
+            reports=(finished.report_key(), ReportKey(kind="started", job_id=1, attempt=0)),
+        ),
     )
     assert [m.TYPE for m in agent.outbox.pending()] == ["log"]
 
@@ -371,9 +374,7 @@ def test_the_heartbeat_lists_running_attempts_and_unacknowledged_finishes(
     heartbeat = sender.of_type(Heartbeat)[-1]
     assert heartbeat.node == NODE and heartbeat.boot == "boot-1"
     assert heartbeat.inventory == discover(NODE, source="described")
-    assert heartbeat.running == (
-        RunningAttempt(job_id=1, attempt=0, started_at=CLOCK, pid=1000),
-    )
+    assert heartbeat.running == (RunningAttempt(job_id=1, attempt=0, started_at=CLOCK, pid=1000),)
     assert heartbeat.finished == (done,)
 
 
