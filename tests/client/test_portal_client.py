@@ -29,9 +29,7 @@ HELLO: dict[str, Any] = {
 def no_scheduling_pass(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """No broker here: record the pass a submit asks for instead of sending it."""
     asked: list[str] = []
-    monkeypatch.setattr(
-        "portal.passes.request_schedule_pass", lambda: asked.append("pass")
-    )
+    monkeypatch.setattr("portal.passes.request_schedule_pass", lambda: asked.append("pass"))
     return asked
 
 
