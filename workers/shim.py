@@ -14,6 +14,10 @@ job cannot outlive the agent's claim to run it:
   process so this works while the agent itself is frozen (SIGSTOP, a swapped-out host).
 - **Stop.** The agent asks for a stop over the same socket (`stop <grace>`, `kill`), so only
   the job's parent ever signals its process group: the group id cannot have been reused.
+- **Uid claim.** With job uids the shim inherits the launcher's host-wide claim on the job's
+  uid (a flock, see `JobUids`) and holds it until it exits, after its last sweep of the uid:
+  when the agent dies the uid is not handed to another attempt (by another agent on the host)
+  while this shim may still kill every process of it.
 - **Isolation.** Before the job starts the shim unshares the network namespace (as root; else a
   user and network namespace) and the job then runs with the uid and gid the launcher chose,
   with no supplementary groups. The shim itself stays the agent's user, out of the job's reach.
@@ -182,6 +186,8 @@ class Shim:
         self.lease = Path(args.lease) if args.lease else None
         self.fence_grace_s: float = args.fence_grace
         self.uid: int | None = args.uid
+        # Held, never closed: the kernel drops the claim when this process is gone.
+        self.uid_claim_fd: int | None = args.uid_claim_fd
         self.gid: int | None = args.gid
         self.network: str = args.network
         self.sock = socket.socket(fileno=args.fd)
@@ -404,6 +410,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--fence-grace", type=float, default=2.0)
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
+    parser.add_argument("--uid-claim-fd", type=int, help="the inherited claim on --uid")
     parser.add_argument("--network", choices=("isolate", "host"), default="host")
     return parser.parse_args(argv)
 

@@ -15,6 +15,11 @@ Exactly once, from the agent's side:
   that arrives after it never starts it.
 - `fence()` stops every attempt when the agent lost its lease (reported `fenced`); the
   launch gate (`may_launch`) keeps new ones out until the lease is back.
+- A stop is recorded before any run is signalled (for a fence or a shutdown: every stop,
+  then every signal), so a run that dies while others are being signalled is still reported
+  with the stop's outcome. A run that had exited on its own before the stop was recorded keeps
+  its own outcome: reporting a job that finished by itself as stopped would have the portal
+  run it again.
 - `recover()` after a restart: attempts the journal says were running are adopted again when
   the launcher still has them (containers), otherwise reported `lost`.
 """
@@ -209,7 +214,7 @@ class Supervisor:
 
     def _stop(self, job_id: int, attempt_no: int, reason: str, grace_s: float, note: str) -> None:
         key = (job_id, attempt_no)
-        to_terminate: Run | None = None
+        to_terminate: list[tuple[Run, float]] = []
         with self._lock:
             attempt = self._attempts.get(key)
             if attempt is None:
@@ -225,22 +230,32 @@ class Supervisor:
                         error=f"stopped ({reason}) before it started on {self.node}",
                     )
                     self.journal.record_finished(attempt.finished)
-            elif (
-                attempt.finished is None
-                and attempt.stop_reason is None
-                and (attempt.run is None or not attempt.run.has_exited())
-            ):
-                # An attempt that already exited keeps its own outcome.
-                attempt.stop_reason = reason
-                attempt.stop_grace_s = grace_s
-                attempt.stop_note = note
-                # A starting attempt has no run yet: its thread sees stop_reason instead.
-                to_terminate = attempt.run
+            else:
+                to_terminate = self._request_stop(attempt, reason, grace_s, note)
             finished = attempt.finished
-        if to_terminate is not None:
-            to_terminate.terminate(grace_s)
+        _terminate(to_terminate)
         if finished is not None:
             self._report(finished)
+
+    def _request_stop(
+        self, attempt: Attempt, reason: str, grace_s: float, note: str
+    ) -> list[tuple[Run, float]]:
+        """Record the stop (under the lock); the run to signal once the lock is released, if
+        any. The first stop of an attempt wins. A run that has exited already keeps its own
+        outcome: it ended before anything was asked of it, and reporting a finished job as
+        stopped would have the portal run it again. A starting attempt has no run yet: its
+        thread sees stop_reason instead."""
+        if attempt.finished is not None or attempt.stop_reason is not None:
+            return []
+        run = attempt.run
+        if run is not None and run.has_exited():
+            return []
+        attempt.stop_reason = reason
+        attempt.stop_grace_s = grace_s
+        attempt.stop_note = note
+        if run is None:
+            return []
+        return [(run, grace_s)]
 
     def query(self, msg: Query) -> None:
         """Re-report what this node knows of the attempt; with no record of it, say so
@@ -264,12 +279,20 @@ class Supervisor:
         self._report_current(attempt)
 
     def fence(self, why: str, grace_s: float) -> int:
-        """Stop every running attempt now (the lease lapsed); returns how many."""
-        stopped = 0
-        for ref in self.running():
-            self._stop(ref.job_id, ref.attempt, "fence", grace_s, note=f"fenced: {why}")
-            stopped += 1
-        return stopped
+        """Stop every running attempt now (the lease lapsed); returns how many. Every stop is
+        recorded before the first run is signalled: an attempt whose run ends meanwhile, for
+        whatever reason, is still reported `fenced`."""
+        with self._lock:
+            fenced = [
+                a for a in self._attempts.values() if a.launch is not None and a.finished is None
+            ]
+            to_terminate = [
+                pending
+                for attempt in fenced
+                for pending in self._request_stop(attempt, "fence", grace_s, f"fenced: {why}")
+            ]
+        _terminate(to_terminate)
+        return len(fenced)
 
     def running(self) -> list[RunningAttempt]:
         """Attempts accepted here and not finished: the heartbeat's `running` list."""
@@ -337,17 +360,14 @@ class Supervisor:
         grace = self.kill_grace_s if grace_s is None else grace_s
         with self._lock:
             self._shutting_down = True
-            runs: list[Run] = []
-            for attempt in self._attempts.values():
-                if attempt.finished is None and attempt.stop_reason is None:
-                    attempt.stop_reason = "shutdown"
-                    attempt.stop_grace_s = grace
-                    attempt.stop_note = f"agent on {self.node} shut down"
-                    if attempt.run is not None:
-                        runs.append(attempt.run)
+            note = f"agent on {self.node} shut down"
+            to_terminate = [
+                pending
+                for attempt in self._attempts.values()
+                for pending in self._request_stop(attempt, "shutdown", grace, note)
+            ]
             threads = list(self._threads.values())
-        for run in runs:
-            run.terminate(grace)
+        _terminate(to_terminate)
         self.join(timeout=grace + OUTPUT_DRAIN_S, threads=threads)
 
     def join(self, timeout: float, threads: list[threading.Thread] | None = None) -> bool:
@@ -474,16 +494,21 @@ class Supervisor:
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
         run.release()
-        if fenced and attempt.stop_reason is None:
-            # The job's own watcher stopped it (the agent was frozen or slow to notice).
-            attempt.stop_reason = "fence"
-            attempt.stop_note = f"fenced: {fenced}"
-        if attempt.stop_reason is not None:
-            self._finish_stopped(attempt, exit_code)
-        elif exit_code == 0:
-            self._finish(attempt, 0, "succeeded", "")
-        else:
-            self._finish(attempt, exit_code, "failed", describe_exit(exit_code))
+
+        def outcome() -> tuple[str, str]:
+            # Decided under the lock that records stops: a stop recorded before this is
+            # the outcome, one after it finds the attempt finished.
+            if fenced and attempt.stop_reason is None:
+                # The job's own watcher stopped it (the agent was frozen or slow to notice).
+                attempt.stop_reason = "fence"
+                attempt.stop_note = f"fenced: {fenced}"
+            if attempt.stop_reason is not None:
+                return _stopped_outcome(attempt)
+            if exit_code == 0:
+                return "succeeded", ""
+            return "failed", describe_exit(exit_code)
+
+        self._finish_as(attempt, exit_code, outcome)
 
     def _read_output(self, run: Run, shipper: LogShipper) -> None:
         try:
@@ -504,14 +529,23 @@ class Supervisor:
     # --- reports ----------------------------------------------------------------------------
 
     def _finish_stopped(self, attempt: Attempt, exit_code: int | None) -> None:
-        reason = attempt.stop_reason or "cancel"
-        note = attempt.stop_note or f"stopped: {reason.replace('_', ' ')}"
-        self._finish(attempt, exit_code, OUTCOME_FOR_STOP[reason], note)
+        self._finish_as(attempt, exit_code, lambda: _stopped_outcome(attempt))
 
     def _finish(self, attempt: Attempt, exit_code: int | None, outcome: str, error: str) -> None:
+        self._finish_as(attempt, exit_code, lambda: (outcome, error))
+
+    def _finish_as(
+        self,
+        attempt: Attempt,
+        exit_code: int | None,
+        decide: Callable[[], tuple[str, str]],
+    ) -> None:
+        """Record and report the attempt's end once; `decide()` gives (outcome, error) and
+        runs under the lock, so no stop can slip in between the decision and the record."""
         with self._lock:
             if attempt.finished is not None:
                 return
+            outcome, error = decide()
             attempt.finished = self._finished(
                 attempt.key,
                 exit_code=exit_code,
@@ -560,6 +594,17 @@ class Supervisor:
                 break  # never forget a running attempt
             del self._attempts[oldest_key]
         return attempt
+
+
+def _stopped_outcome(attempt: Attempt) -> tuple[str, str]:
+    reason = attempt.stop_reason or "cancel"
+    return OUTCOME_FOR_STOP[reason], attempt.stop_note or f"stopped: {reason.replace('_', ' ')}"
+
+
+def _terminate(runs: list[tuple[Run, float]]) -> None:
+    """Signal runs whose stops were recorded (outside the lock: a launcher may block)."""
+    for run, grace_s in runs:
+        run.terminate(grace_s)
 
 
 def _from_journal(entry: JournalEntry) -> Attempt:

@@ -704,6 +704,17 @@ def _judge(
         if succeeded.get(job_id) == attempt:
             logs[job_id] = logs.get(job_id, "") + data
     lines = {submitter.submitted[p.name]: p.lines for p in plans if p.name in submitter.submitted}
+    JobEvent = model("JobEvent")
+    lease_losses = {
+        (job_id, attempt): at.timestamp()
+        for job_id, attempt, at in db_call(
+            lambda: list(
+                JobEvent.objects.filter(
+                    to_state="LOST", message__contains="stopped sending heartbeats"
+                ).values_list("job_id", "attempt", "at")
+            )
+        )
+    }
     assert stack.config is not None
     workdirs = {node: str(stack.config.workdir(node)) for node in stack.nodes}
     truth = watcher.truth
@@ -714,7 +725,7 @@ def _judge(
         ),
         checks.check_attempt_started_once(truth),
         checks.check_no_overlap(overlaps, workdirs),
-        checks.check_completed_once(truth),
+        checks.check_completed_once(truth, lease_losses),
         checks.check_succeeded_matches_truth(truth, jobs),
         checks.check_no_double_booking(allocations),
         checks.check_logs_complete(jobs, logs, lines),

@@ -224,17 +224,31 @@ def test_a_stop_of_a_running_attempt_terminates_it_with_the_grace_given(
     )
 
 
-def test_a_stop_racing_a_natural_exit_keeps_the_real_outcome(
+def test_a_stop_arriving_after_a_natural_exit_keeps_the_real_outcome(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
+    # Reporting a job that finished on its own as stopped would have the portal run it again.
     launch(agent)
     sender.started()
     run = launcher.runs[0]
     run.code = 0  # exited, but the supervisor has not collected it yet
     stop(agent)
     run.exit(0)
+    finished = sender.finished()
+    assert (finished.outcome, finished.exit_code) == ("succeeded", 0)
+    assert run.terminated_with == []  # nothing left to signal
+
+
+def test_a_stop_after_the_attempt_finished_keeps_the_reported_outcome(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent)
+    sender.started()
+    launcher.runs[0].exit(0)
     assert sender.finished().outcome == "succeeded"
-    assert run.terminated_with == []
+    stop(agent)
+    assert [f.outcome for f in sender.of_type(Finished)] == ["succeeded", "succeeded"]
+    assert launcher.runs[0].terminated_with == []
 
 
 def test_a_launcher_error_is_reported_as_launch_error(
@@ -457,6 +471,32 @@ def test_when_the_lease_lapses_the_agent_fences_its_jobs_and_reports_them(
     launch(agent, job_id=2)
     sender.started(2)
     launcher.runs[1].exit(0)
+    assert agent.supervisor.join(5)
+
+
+def test_a_fence_records_every_stop_before_it_signals_any_run(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    # As in a chaos run: while the fence signals the first job, the second one dies of a
+    # SIGKILL from elsewhere. It was fenced all the same: reported fenced, not failed.
+    clock = Clock()
+    agent = make_agent(sender, launcher, tmp_path, clock=clock)
+    for job_id in (1, 2, 3):
+        launch(agent, job_id=job_id)
+        sender.started(job_id)
+    first, second, third = launcher.runs
+
+    def terminate_first(grace_s: float) -> None:
+        second.exit(137)
+        sender.finished(2)  # its thread has reported it before the fence reaches it
+        type(first).terminate(first, grace_s)
+
+    first.terminate = terminate_first  # type: ignore[method-assign]
+    clock.now += LEASE_S
+    agent.check_lease()
+    finished = {f.job_id: (f.outcome, f.exit_code) for f in (sender.finished(j) for j in (1, 2, 3))}
+    assert finished == {1: ("fenced", 143), 2: ("fenced", 137), 3: ("fenced", 143)}
+    assert first.terminated_with == third.terminated_with == [2.0]
     assert agent.supervisor.join(5)
 
 

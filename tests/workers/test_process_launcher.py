@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from agent_doubles import GPU_0, GPU_3, MPS_SHARE, RecordingSender, make_launch
+from job_processes import needs_root, python_for_job_uids, scratch_dir_others_may_enter
 
 from workers.launchers.process import ProcessLauncher
 from workers.outbox import AttemptJournal
@@ -242,3 +243,39 @@ def test_the_work_dir_of_a_dead_earlier_attempt_is_moved_aside_and_the_job_runs(
     assert after_reset.log_text() == "run\n"
     jobs = sorted(p.name for p in (tmp_path / "agent" / "jobs").iterdir())
     assert jobs[0] == "1-0" and jobs[1].startswith("1-0.replaced-") and len(jobs) == 2
+
+
+@needs_root
+def test_jobs_fenced_while_another_agent_restarts_on_the_host_are_all_reported_fenced() -> None:
+    # The chaos run that failed a job: agent A had run attempts as uids that agent B's jobs
+    # now run as; A restarted and swept those uids as leftovers just as B's lease lapsed, so
+    # one of B's jobs died of SIGKILL without a SIGTERM and was reported failed (137).
+    pool = (61980, 61982)
+    python, env = python_for_job_uids()
+    up = "import time; print('up', flush=True); time.sleep(60)"
+    with scratch_dir_others_may_enter() as root:
+        earlier = ProcessLauncher(workdir=root / "a", mps_root=root / "mps", job_uids=pool)
+        for job_id in (1, 2, 3):
+            run = earlier.start(make_launch([python, "-c", "pass"], job_id=job_id, env=env))
+            assert run.wait() == 0
+            run.reap()
+            run.release()
+
+        sender = RecordingSender()
+        node_b = Supervisor(
+            node="node-b",
+            launcher=ProcessLauncher(workdir=root / "b", mps_root=root / "mps", job_uids=pool),
+            report=lambda message: sender(message) or True,
+            journal=AttemptJournal(root / "b-attempts"),
+        )
+        for job_id in (1, 2, 3):
+            node_b.launch(make_launch([python, "-c", up], job_id=job_id, env=env))
+        for job_id in (1, 2, 3):
+            sender.wait_for(lambda m, j=job_id: getattr(m, "data", "") == "up\n" and m.job_id == j)
+
+        restarted = ProcessLauncher(workdir=root / "a", mps_root=root / "mps", job_uids=pool)
+        assert restarted.reap_leftovers(keep=set()) == []
+        assert node_b.fence("the lease ran out", 2.0) == 3
+        outcomes = [(sender.finished(j).outcome, sender.finished(j).exit_code) for j in (1, 2, 3)]
+        assert outcomes == [("fenced", 143)] * 3
+        assert node_b.join(5)

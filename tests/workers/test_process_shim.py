@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -23,7 +24,7 @@ from job_processes import (
 )
 
 from workers.launch import LaunchError
-from workers.launchers.process import ProcessLauncher, isolation_summary
+from workers.launchers.process import JobUids, ProcessLauncher, claim_uid, isolation_summary
 from workers.lease import Lease, write_lease
 from workers.settings import AgentSettings
 
@@ -270,6 +271,73 @@ def test_jobs_are_refused_while_the_portals_files_are_open_to_other_users(
     database.chmod(0o600)
     assert jobs.start(make_launch(["true"])).wait() == 0
     assert (open_dir / "agent").stat().st_mode & 0o777 == 0o701
+
+
+@needs_root
+def test_a_restarted_agent_spares_a_job_another_agent_now_runs_as_a_uid_it_once_used(
+    open_dir: Path,
+) -> None:
+    # Agents sharing a host hand out the same uids. An attempt this agent ran once as uid U
+    # ended long ago; another agent's job now runs as U. The restart's sweep of U must not
+    # take that job for a leftover (it did: the job died of SIGKILL, reported failed).
+    one_uid = (61990, 61990)
+    earlier = launcher(open_dir / "a", job_uids=one_uid, network="host")
+    ended = earlier.start(make_launch(["true"]))
+    assert ended.wait() == 0
+    ended.reap()
+    ended.release()
+    other = launcher(open_dir / "b", job_uids=one_uid, network="host")
+    theirs = other.start(make_launch(SLEEPER))
+    grandchild = int(first_line(theirs))
+
+    restarted = launcher(open_dir / "a", job_uids=(61990, 61991), network="host")
+    assert restarted.reap_leftovers(keep=set()) == []
+    again = restarted.start(make_launch(["true"]))  # the same attempt: it is not running
+    assert again.wait() == 0
+    again.reap()
+    again.release()
+    assert not theirs.has_exited() and alive(grandchild)
+    theirs.terminate(0.1)
+    assert theirs.wait() == 128 + signal.SIGTERM
+    theirs.release()
+
+
+@needs_root
+def test_a_restarted_agent_kills_what_left_the_group_of_a_job_nobody_watches(
+    open_dir: Path,
+) -> None:
+    command = ["sh", "-c", "setsid sleep 300 & echo $!; wait"]
+    agent, job = start_agent(workdir=open_dir / "agent", command=command, uids=(61993, 61993))
+    escaped = int(job["line"])
+    shim = json.loads((Path(job["attempt_dir"]) / "pid").read_text())["shim"]
+    os.kill(shim, signal.SIGKILL)  # the whole agent is killed at once: nobody sweeps
+    agent.kill()
+    agent.wait()
+    assert alive(escaped)
+    restarted = launcher(open_dir / "agent", job_uids=(61993, 61993), network="host")
+    assert restarted.reap_leftovers(keep=set()) == [(1, 0)]
+    eventually(lambda: not alive(escaped), within=1)
+
+
+@needs_root
+def test_a_dead_agents_job_uid_stays_claimed_until_its_shim_has_swept_it(open_dir: Path) -> None:
+    uid = 61992
+    agent, job = start_agent(workdir=open_dir / "agent", command=SLEEPER, uids=(uid, uid))
+    grandchild = int(job["line"])
+    shim = json.loads((Path(job["attempt_dir"]) / "pid").read_text())["shim"]
+    os.kill(shim, signal.SIGSTOP)  # a shim slow to notice the agent's death
+    agent.kill()
+    agent.wait()
+    try:
+        # The agent's claim died with it; the shim's keeps the uid from a new attempt that
+        # its sweep would kill.
+        assert claim_uid(JobUids.CLAIMS, uid) is None
+    finally:
+        os.kill(shim, signal.SIGCONT)
+    eventually(lambda: not alive(grandchild) and not alive(shim), within=2)
+    fd = claim_uid(JobUids.CLAIMS, uid)
+    assert fd is not None
+    os.close(fd)
 
 
 # --- what the banner says --------------------------------------------------------------------

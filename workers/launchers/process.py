@@ -19,6 +19,10 @@ the host is reachable, Redis and PostgreSQL included). When the attempt ends eve
 its uid is killed (a `setsid` does not escape) and its directory is closed to other uids.
 Without root, jobs run as the agent's user, in a user + network namespace when the kernel
 allows one.
+
+A uid is claimed host-wide (see `JobUids`) from before its job starts until its shim has swept
+it; a sweep of a uid left by an ended attempt first claims it too, so it never reaches a job
+another attempt, on this agent or another one on the host, now runs as that uid.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ SHIM_REPLY_TIMEOUT_S = 30.0
 # its directory must never change the code that runs with the agent's privileges.
 PROJECT_ROOT = Path(workers.__file__).resolve().parent.parent
 NETWORK_CHOICES = ("auto", "none", "host")
+# How long a sweep waits for a shim it killed to be gone (and its uid claim with it).
+SHIM_GONE_S = 2.0
 
 
 # --- isolation plan ---------------------------------------------------------------------------
@@ -174,9 +180,11 @@ class JobUids:
 
     Several agents may share a host (tests, `runportal --agents 2`, a host split into nodes),
     each with its own pool over the same range: a uid is also claimed host-wide, by an flock
-    on a file in a root-only directory, held while the attempt runs and dropped by the kernel
-    if the agent dies. Without that, two agents could hand one uid to two jobs at once, and
-    the end of one would kill the other (a job's end kills every process of its uid).
+    on a file in a root-only directory, held while the attempt runs. The attempt's shim
+    inherits the claim and holds it until it exits, after its last sweep of the uid: an agent
+    that dies frees the uid only once its shims have killed what ran as it. Without that, two
+    agents could hand one uid to two jobs at once, and the end of one would kill the other (a
+    job's end kills every process of its uid).
     """
 
     CLAIMS = Path("/run/portal-agent/job-uids")
@@ -186,7 +194,7 @@ class JobUids:
         self._held: dict[int, int] = {}  # uid -> the fd holding its host-wide claim
         self._next = first
         self._lock = threading.Lock()
-        self._claims = claims or self.CLAIMS
+        self.claims = claims or self.CLAIMS
 
     def acquire(self) -> int:
         size = self.last - self.first + 1
@@ -196,7 +204,7 @@ class JobUids:
                 uid = self.first + (self._next - self.first + step) % size
                 if uid in self._held or uid in running:
                     continue
-                fd = self._claim(uid)
+                fd = claim_uid(self.claims, uid)
                 if fd is None:
                     continue  # another agent on this host holds it
                 self._held[uid] = fd
@@ -207,15 +215,10 @@ class JobUids:
             "widen PORTAL_AGENT_JOB_UIDS"
         )
 
-    def _claim(self, uid: int) -> int | None:
-        self._claims.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self._claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        return fd
+    def claim_fd(self, uid: int) -> int:
+        """The descriptor holding `uid`'s claim, for the attempt's shim to inherit."""
+        with self._lock:
+            return self._held[uid]
 
     def release(self, uid: int) -> None:
         with self._lock:
@@ -226,6 +229,38 @@ class JobUids:
     def held(self) -> set[int]:
         with self._lock:
             return set(self._held)
+
+
+def claim_uid(claims: Path, uid: int) -> int | None:
+    """Claim `uid` host-wide: the descriptor holding the flock, or None while any other holder
+    (another agent, a shim, or this agent by another descriptor) has it."""
+    claims.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(claims / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+@contextlib.contextmanager
+def unclaimed_uid(claims: Path, uid: int) -> Iterator[bool]:
+    """Whether nobody holds `uid` (True: this claims it until the block ends, so no attempt
+    can start as it meanwhile). Processes of a uid someone holds are that attempt's, not
+    leftovers: with agents sharing a host the uid an ended attempt had may be another
+    attempt's now. A claim that cannot be checked counts as held: better a leftover than a
+    killed job."""
+    try:
+        fd = claim_uid(claims, uid)
+    except OSError as exc:
+        log.warning("cannot check the claim on job uid %s in %s: %s", uid, claims, exc)
+        fd = None
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 # --- one run ----------------------------------------------------------------------------------
@@ -274,11 +309,12 @@ class ProcessRun:
 
     def reap(self) -> None:
         """The shim kills what the job left when it ends; this covers a shim that was killed
-        itself (its job would otherwise run on unwatched)."""
+        itself (its job would otherwise run on unwatched). Call before `release`: until then
+        the job's uid is still this attempt's."""
         if self._shim.poll() is None:
             self._tell("kill")
         else:
-            kill_leftovers(self.attempt_dir, spare_uids=set())
+            kill_leftovers(self.attempt_dir, claims=None)
 
     def release(self) -> None:
         if self._released:
@@ -330,6 +366,9 @@ class ProcessLauncher:
         self.private_dir = private_dir
         self.isolation = plan_isolation(job_uids=job_uids, network=network)
         self._uids = JobUids(*self.isolation.uids) if self.isolation.uids else None
+        # Where uids are claimed host-wide; also read with the pool off (a root agent's earlier
+        # run may have had one).
+        self._claims = self._uids.claims if self._uids is not None else JobUids.CLAIMS
         log.info("process launcher: %s", self.isolation.summary())
 
     def job_dir(self, launch: Launch) -> Path:
@@ -356,7 +395,6 @@ class ProcessLauncher:
         jobs = self.workdir / "jobs"
         if not jobs.is_dir():
             return killed
-        spare = self._uids.held() if self._uids is not None else set()
         for attempt_dir in sorted(jobs.iterdir()):
             match = ATTEMPT_DIR_NAME.match(attempt_dir.name)
             if match is None or not attempt_dir.is_dir():
@@ -364,7 +402,7 @@ class ProcessLauncher:
             key = (int(match[1]), int(match[2]))
             if key in keep:
                 continue
-            if kill_leftovers(attempt_dir, spare_uids=spare):
+            if kill_leftovers(attempt_dir, claims=self._claims):
                 log.warning("killed job %s attempt %s, left running by an earlier agent", *key)
                 killed.append(key)
         return killed
@@ -396,8 +434,13 @@ class ProcessLauncher:
         ]
         if self.lease_path is not None:
             argv.append(f"--lease={self.lease_path}")
+        inherited = [shim_end.fileno()]
         if uid is not None:
             argv += [f"--uid={uid}", f"--gid={uid}"]
+            if self._uids is not None:
+                claim = self._uids.claim_fd(uid)
+                argv.append(f"--uid-claim-fd={claim}")
+                inherited.append(claim)
         try:
             shim = subprocess.Popen(
                 argv,
@@ -406,7 +449,7 @@ class ProcessLauncher:
                 stdin=subprocess.DEVNULL,
                 stdout=out_write,
                 stderr=out_write,
-                pass_fds=(shim_end.fileno(),),
+                pass_fds=tuple(inherited),
                 start_new_session=True,  # a Ctrl-C meant for the agent must not reach it
             )
         except BaseException:
@@ -480,8 +523,7 @@ class ProcessLauncher:
         attempt_dir = self.job_dir(launch)
         jobs = attempt_dir.parent
         if attempt_dir.exists():
-            spare = self._uids.held() if self._uids is not None else set()
-            if attempt_alive(attempt_dir, spare_uids=spare):
+            if attempt_alive(attempt_dir, claims=self._claims):
                 pgid = read_record(attempt_dir).get("pgid")
                 raise LaunchError(
                     f"attempt already running on this node, started by an earlier agent run "
@@ -523,7 +565,9 @@ class ProcessLauncher:
 # --- what an attempt left behind ----------------------------------------------------------------
 
 
-def attempt_alive(attempt_dir: Path, *, spare_uids: set[int]) -> bool:
+def attempt_alive(attempt_dir: Path, *, claims: Path) -> bool:
+    """Whether anything of this attempt still runs: its shim, its process group, or a process
+    of its uid while nobody holds the uid's claim (`claims`, see `unclaimed_uid`)."""
     record = read_record(attempt_dir)
     if process_is(record.get("shim"), record.get("shim_start")):
         return True
@@ -531,28 +575,54 @@ def attempt_alive(attempt_dir: Path, *, spare_uids: set[int]) -> bool:
     if pgid and group_alive(pgid, record.get("pgid_start")):
         return True
     uid = record.get("uid", -1)
-    return uid > 0 and uid not in spare_uids and any(p.uid == uid for p in processes())
-
-
-def kill_leftovers(attempt_dir: Path, *, spare_uids: set[int]) -> bool:
-    """Kill whatever of this attempt still runs; whether anything did. `spare_uids`: uids now
-    given to running attempts, whose processes are not this attempt's."""
-    if not attempt_alive(attempt_dir, spare_uids=spare_uids):
+    if uid <= 0 or not _runs_as(uid):
         return False
+    with unclaimed_uid(claims, uid) as unclaimed:
+        return unclaimed
+
+
+def kill_leftovers(attempt_dir: Path, *, claims: Path | None) -> bool:
+    """Kill whatever of this attempt still runs; whether anything did. `claims`: where uids
+    are claimed host-wide; the processes of the attempt's uid are killed only while nobody
+    holds it (they may be another attempt's now). None: the caller still holds the uid for
+    this attempt (`ProcessRun.reap`), so every process of it is this attempt's."""
     record = read_record(attempt_dir)
+    killed = False
     shim = record.get("shim")
     if shim is not None and process_is(shim, record.get("shim_start")):
         with contextlib.suppress(ProcessLookupError):
             os.kill(shim, signal.SIGKILL)
+        # The shim holds the uid's claim until it is gone: wait, or the uid looks taken.
+        _wait_gone(shim, record.get("shim_start"), within=SHIM_GONE_S)
+        killed = True
     pgid = record.get("pgid")
     if pgid and group_alive(pgid, record.get("pgid_start")):
         kill_group(pgid, signal.SIGKILL)
+        killed = True
     uid = record.get("uid", -1)
-    if uid > 0 and uid != os.getuid() and uid not in spare_uids:
-        kill_uid(uid)
+    if uid > 0 and uid != os.getuid() and _runs_as(uid):
+        if claims is None:
+            kill_uid(uid)
+            killed = True
+        else:
+            with unclaimed_uid(claims, uid) as unclaimed:
+                if unclaimed and _runs_as(uid):
+                    kill_uid(uid)
+                    killed = True
+    if killed and uid > 0:
         with contextlib.suppress(OSError):
             attempt_dir.chmod(0o700)
-    return True
+    return killed
+
+
+def _runs_as(uid: int) -> bool:
+    return any(p.uid == uid for p in processes())
+
+
+def _wait_gone(pid: int, started: int | None, *, within: float) -> None:
+    deadline = time.monotonic() + within
+    while process_is(pid, started) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def exposed_paths(root: Path, *, managed: Path) -> list[Path]:
