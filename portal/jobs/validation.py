@@ -33,9 +33,10 @@ from django.conf import settings
 from django.db.models import Min
 
 from portal.cluster.models import Slice
-from portal.jobs.models import TERMINAL_STATES, GpuKind, Job, JobDependency, JobState
+from portal.jobs.models import TERMINAL_STATES, Job, JobDependency, JobState
 from portal.tenants.models import PRIORITY_CLASSES, Team
 from portal.tenants.selectors import member_teams, teams_for_user
+from scheduler.model import GpuRequest, SliceKind
 from scheduler.units import MIG_PROFILES, parse_mig_profile
 
 
@@ -48,20 +49,6 @@ class JobRequestError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class GpuSpec:
-    kind: str  # whole | mig | mps
-    count: int
-    min_count: int | None = None  # elastic minimum; None = rigid
-    profile: str = ""  # MIG profile, normalised (e.g. "1g.10gb")
-    model: str = ""  # GPU model constraint, whole GPUs only
-    multi_node: bool = False
-
-    @property
-    def minimum(self) -> int:
-        return self.min_count if self.min_count is not None else self.count
-
-
-@dataclass(frozen=True, slots=True)
 class DependencySpec:
     job_id: int
     kind: str  # after_ok | after_any
@@ -69,13 +56,17 @@ class DependencySpec:
 
 @dataclass(frozen=True, slots=True)
 class JobRequest:
-    """A checked job request, ready for ``job_submit``."""
+    """A checked job request, ready for ``job_submit``.
+
+    ``gpu`` is the scheduling core's own ``GpuRequest``, so what a job may ask for is defined
+    once: a rigid gang has ``min_count`` 0, an elastic one 1 <= ``min_count`` < ``count``.
+    """
 
     name: str
     team: Team
     image: str
     command: tuple[str, ...]
-    gpu: GpuSpec
+    gpu: GpuRequest
     env: Mapping[str, str] = field(default_factory=dict)
     priority: str = "normal"
     time_limit_s: int | None = None
@@ -96,7 +87,7 @@ FIELDS = (
     "depends_on",
 )
 GPU_FIELDS = ("kind", "count", "min_count", "profile", "model", "multi_node")
-GPU_KINDS = tuple(GpuKind.values)
+GPU_KINDS = tuple(kind.value for kind in SliceKind)
 DEPENDENCY_KINDS = tuple(JobDependency.Kind.values)
 
 NAME_MAX = 128
@@ -296,7 +287,7 @@ def _env_from_lines(text: str, errors: dict[str, str]) -> dict[str, str] | None:
     return env
 
 
-def _gpu(value: Any, errors: dict[str, str]) -> GpuSpec | None:
+def _gpu(value: Any, errors: dict[str, str]) -> GpuRequest | None:
     example = '{"kind": "whole", "count": 1}'
     if value is None:
         errors["gpu"] = f"required; an object such as {example}"
@@ -309,27 +300,29 @@ def _gpu(value: Any, errors: dict[str, str]) -> GpuSpec | None:
         if key not in GPU_FIELDS:
             errors[f"gpu.{key}"] = f"unknown field; allowed: {', '.join(GPU_FIELDS)}"
 
-    kind = value.get("kind")
-    if _blank(kind) or kind not in GPU_KINDS:
-        shown = "required" if _blank(kind) else f"unknown kind {kind!r}"
+    kind: SliceKind | None = None
+    given_kind = value.get("kind")
+    if _blank(given_kind) or given_kind not in GPU_KINDS:
+        shown = "required" if _blank(given_kind) else f"unknown kind {given_kind!r}"
         errors["gpu.kind"] = f"{shown}; allowed: {', '.join(GPU_KINDS)}"
-        kind = None
+    else:
+        kind = SliceKind(given_kind)
 
     maximum = settings.JOB_MAX_GPU_COUNT
     count = _integer(value.get("count"), "gpu.count", errors, default=1, low=1, high=maximum)
-    min_count = None
+    min_count: int | None = 0  # the core's "rigid"
     if not _blank(value.get("min_count")):
         high = count if count is not None else maximum
         min_count = _integer(value.get("min_count"), "gpu.min_count", errors, low=1, high=high)
         if min_count == count:
-            min_count = None  # an elastic gang from N to N is a rigid one
+            min_count = 0  # an elastic gang from N to N is a rigid one
 
     profile = _profile(value.get("profile"), kind, errors)
     model = _model(value.get("model"), kind, errors)
     multi_node = _boolean(value.get("multi_node"), "gpu.multi_node", False, errors)
-    if len(errors) > count_before or kind is None or count is None:
+    if len(errors) > count_before or kind is None or count is None or min_count is None:
         return None
-    return GpuSpec(
+    return GpuRequest(
         kind=kind,
         count=count,
         min_count=min_count,
@@ -339,11 +332,11 @@ def _gpu(value: Any, errors: dict[str, str]) -> GpuSpec | None:
     )
 
 
-def _profile(value: Any, kind: str | None, errors: dict[str, str]) -> str:
+def _profile(value: Any, kind: SliceKind | None, errors: dict[str, str]) -> str:
     allowed = MIG_PROFILES_ALLOWED
     if kind is None:
         return ""  # the kind's own error says enough
-    if kind != GpuKind.MIG:
+    if kind != SliceKind.MIG:
         if not _blank(value):
             errors["gpu.profile"] = f"only for kind mig (this request is kind {kind})"
         return ""
@@ -360,10 +353,10 @@ def _profile(value: Any, kind: str | None, errors: dict[str, str]) -> str:
         return ""
 
 
-def _model(value: Any, kind: str | None, errors: dict[str, str]) -> str:
+def _model(value: Any, kind: SliceKind | None, errors: dict[str, str]) -> str:
     if _blank(value) or kind is None:
         return ""
-    if kind != GpuKind.WHOLE:
+    if kind != SliceKind.WHOLE:
         errors["gpu.model"] = "only for kind whole (a MIG profile or an MPS share names no model)"
         return ""
     if not isinstance(value, str) or len(value.strip()) > 128:
@@ -475,7 +468,7 @@ def _dependencies_from_text(text: str) -> list[Any]:
 # --- cross-field checks ----------------------------------------------------------------
 
 
-def _check_limits(gpu: GpuSpec, team: Team, errors: dict[str, str]) -> None:
+def _check_limits(gpu: GpuRequest, team: Team, errors: dict[str, str]) -> None:
     """Refuse a request that could never run: more GPU units than the team may ever hold.
 
     An elastic gang is measured by its minimum, since it can run with that many. For MPS the
@@ -492,7 +485,7 @@ def _check_limits(gpu: GpuSpec, team: Team, errors: dict[str, str]) -> None:
     ):
         if limit is not None and needed > limit + 1e-9:
             most = math.floor(limit / each + 1e-9)
-            counted = "min_count" if gpu.min_count is not None else "count"
+            counted = "min_count" if gpu.min_count else "count"
             errors[f"gpu.{counted}"] = (
                 f"over-limit count: {gpu.minimum} x {_slice_name(gpu)} = {_units(needed)} GPU "
                 f"units, above {whose} of {_units(limit)} units; allowed: at most {most}"
@@ -500,10 +493,10 @@ def _check_limits(gpu: GpuSpec, team: Team, errors: dict[str, str]) -> None:
             return
 
 
-def _units_per_slice(gpu: GpuSpec) -> float | None:
-    if gpu.kind == GpuKind.WHOLE:
+def _units_per_slice(gpu: GpuRequest) -> float | None:
+    if gpu.kind == SliceKind.WHOLE:
         return 1.0
-    if gpu.kind == GpuKind.MIG:
+    if gpu.kind == SliceKind.MIG:
         return MIG_PROFILES[gpu.profile].units
     smallest = Slice.objects.filter(kind=Slice.Kind.MPS, present=True).aggregate(
         units=Min("units")
@@ -511,10 +504,10 @@ def _units_per_slice(gpu: GpuSpec) -> float | None:
     return smallest if smallest else None
 
 
-def _slice_name(gpu: GpuSpec) -> str:
-    if gpu.kind == GpuKind.MIG:
+def _slice_name(gpu: GpuRequest) -> str:
+    if gpu.kind == SliceKind.MIG:
         return f"MIG {gpu.profile}"
-    return "whole GPU" if gpu.kind == GpuKind.WHOLE else "MPS share"
+    return "whole GPU" if gpu.kind == SliceKind.WHOLE else "MPS share"
 
 
 def _units(value: float) -> str:

@@ -3,7 +3,10 @@
 Eight queries whatever the size of the cluster or the queue (a test pins the count): slices
 with their GPU and node, teams, usage balances, this month's GPU-hours, pending jobs, their
 dependencies, jobs holding slices, and active allocations. Rows are read with
-``values_list`` (no model instances) because a pass reads tens of thousands of them.
+``values_list`` (no model instances) because a pass reads tens of thousands of them, and each
+row is unpacked into names in the order of its query's column tuple, never indexed. (Unpacking
+a plain tuple is the cheapest way to name its values; a NamedTuple per row made the load
+measurably slower.)
 
 Identifiers the core sees: a slice is its ``Slice.key`` (the GPU UUID, the MIG UUID or
 ``<GPU UUID>/mps/<i>``, stable across re-registrations), a node its name, a GPU its UUID, a
@@ -100,7 +103,9 @@ _SLICE_COLUMNS = (
     "gpu__node__name",
     "gpu__node__state",
 )
-_REQUEST_COLUMNS = (
+# A job's columns: the core job's, then its attempt; a job holding slices adds how it holds
+# them. Unpacked in the pending and holding loops of ``load_snapshot`` and in ``_core_job``.
+_PENDING_COLUMNS = (
     "pk",
     "team_id",
     "user_id",
@@ -118,18 +123,24 @@ _REQUEST_COLUMNS = (
     "queued_since",
     "attempt",
 )
-_PENDING_COLUMNS = _REQUEST_COLUMNS
 _HOLDING_COLUMNS = (
-    *_REQUEST_COLUMNS,
+    *_PENDING_COLUMNS,
     "borrowed",
     "assigned_at",
     "started_at",
     "stop_requested_at",
 )
 
+_LoadedNodes = tuple[
+    tuple[CoreNode, ...],
+    Mapping[str, int],  # slice id -> Slice pk
+    Mapping[str, int],  # node name -> Node pk
+    Mapping[str, str],  # slice id -> GPU model
+]
+
 # The node tuple of the last pass, reused while the slices do not change: the core caches
 # its cluster index by the identity of this tuple.
-_node_cache: tuple[list[tuple[Any, ...]], tuple[CoreNode, ...]] | None = None
+_node_cache: tuple[list[tuple[Any, ...]], _LoadedNodes] | None = None
 
 
 def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
@@ -147,7 +158,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
             "budget_gpu_hours",
         )
     )
-    team_names = {row[0]: row[1] for row in team_rows}
+    team_names = {pk: name for pk, name, *_ in team_rows}
     team_usage, user_usage_by_id = decayed_balances(now=now, half_life_s=config.usage_half_life_s)
     period_hours = gpu_hours_in_period(now=now)
 
@@ -161,17 +172,55 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
     pending_jobs = []
     pending: dict[int, PendingRow] = {}
     for row in pending_rows:
-        usernames[row[2]] = row[3]
-        pending_jobs.append(jobs.build(row, depends_on.get(row[0], ())))
-        pending[row[0]] = PendingRow(attempt=row[15])
+        (
+            pk,
+            team_id,
+            user_id,
+            username,
+            _gpu_kind,
+            _gpu_count,
+            _gpu_min_count,
+            _gpu_profile,
+            _gpu_model,
+            _multi_node,
+            _priority,
+            _time_limit_s,
+            _preemptible,
+            _submitted_at,
+            _queued_since,
+            attempt,
+        ) = row
+        usernames[user_id] = username
+        pending_jobs.append(jobs.build(pk, team_id, row, depends_on.get(pk, ())))
+        pending[pk] = PendingRow(attempt=attempt)
 
     period_start = budget_period_start(now).timestamp()
     running = []
     holding: dict[int, HoldingRow] = {}
     period_hours_running: dict[int, float] = defaultdict(float)
     for row in holding_rows:
-        job_id, team_id, user_id, username, attempt = row[0], row[1], row[2], row[3], row[15]
-        borrowed, assigned_at, started_at, stop_requested_at = row[16:20]
+        (
+            job_id,
+            team_id,
+            user_id,
+            username,
+            _gpu_kind,
+            _gpu_count,
+            _gpu_min_count,
+            _gpu_profile,
+            _gpu_model,
+            _multi_node,
+            _priority,
+            _time_limit_s,
+            _preemptible,
+            _submitted_at,
+            _queued_since,
+            attempt,
+            borrowed,
+            assigned_at,
+            started_at,
+            stop_requested_at,
+        ) = row
         usernames[user_id] = username
         slice_ids, node_names, units = allocations.get((job_id, attempt), ((), (), 0.0))
         held_from = assigned_at if assigned_at is not None else at
@@ -182,7 +231,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
         period_hours_running[team_id] += units * max(0.0, at - max(held_from, period_start)) / 3600
         running.append(
             RunningJob(
-                job=jobs.build(row, ()),
+                job=jobs.build(job_id, team_id, row, ()),
                 node=node_names[0] if node_names else "",
                 slice_ids=slice_ids,
                 started_at=started_at if started_at is not None else held_from,
@@ -232,8 +281,9 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
     )
 
 
-def _load_nodes() -> tuple[tuple[CoreNode, ...], dict[str, int], dict[str, int], dict[str, str]]:
-    """Visible nodes with their present slices, sorted by node name, GPU index and key."""
+def _load_nodes() -> _LoadedNodes:
+    """Visible nodes with their present slices, sorted by node name, GPU index and key, and
+    the maps from slice ids and node names back to the database."""
     global _node_cache
     rows = _fetch(
         Slice.objects.filter(
@@ -242,15 +292,18 @@ def _load_nodes() -> tuple[tuple[CoreNode, ...], dict[str, int], dict[str, int],
         .order_by("gpu__node__name", "gpu__index", "key")
         .values_list(*_SLICE_COLUMNS)
     )
-    slice_pks = {row[1]: row[0] for row in rows}
-    node_pks = {row[8]: row[7] for row in rows}
-    slice_model = {row[1]: row[6] for row in rows}
     cached = _node_cache
     if cached is not None and cached[0] == rows:
-        return cached[1], slice_pks, node_pks, slice_model
+        return cached[1]
+    slice_pks: dict[str, int] = {}
+    node_pks: dict[str, int] = {}
+    slice_model: dict[str, str] = {}
     by_node: dict[str, list[CoreSlice]] = defaultdict(list)
     schedulable: dict[str, bool] = {}
-    for _pk, key, kind, units, profile, gpu_uuid, model, _node_id, node, state in rows:
+    for pk, key, kind, units, profile, gpu_uuid, model, node_id, node, state in rows:
+        slice_pks[key] = pk
+        node_pks[node] = node_id
+        slice_model[key] = model
         by_node[node].append(
             CoreSlice(
                 id=key,
@@ -267,8 +320,9 @@ def _load_nodes() -> tuple[tuple[CoreNode, ...], dict[str, int], dict[str, int],
         CoreNode(name=name, slices=tuple(slices), schedulable=schedulable[name])
         for name, slices in by_node.items()
     )
-    _node_cache = (rows, nodes)
-    return nodes, slice_pks, node_pks, slice_model
+    loaded = (nodes, slice_pks, node_pks, slice_model)
+    _node_cache = (rows, loaded)
+    return loaded
 
 
 def _load_allocations(
@@ -335,22 +389,29 @@ def _fetch(queryset: QuerySet[Any]) -> list[tuple[Any, ...]]:
 
 
 # Core jobs of the last pass by job id, with the row they were built from: a job whose row did
-# not change is not built again (most of the queue, pass after pass).
-_job_cache: dict[int, tuple[tuple[Any, ...], CoreJob]] = {}
+# not change is not built again (most of the queue, pass after pass). A job that starts holding
+# slices is built once more, since its row gains the holding columns.
+_JobKey = tuple[tuple[Any, ...], str, tuple[Dependency, ...]]
+_job_cache: dict[int, tuple[_JobKey, CoreJob]] = {}
 
 
 class _JobBuilder:
     def __init__(self, team_names: Mapping[int, str]) -> None:
         self.team_names = team_names
-        self.built: dict[int, tuple[tuple[Any, ...], CoreJob]] = {}
+        self.built: dict[int, tuple[_JobKey, CoreJob]] = {}
 
-    def build(self, row: tuple[Any, ...], depends_on: tuple[Dependency, ...]) -> CoreJob:
-        key = (*row[:15], self.team_names[row[1]], depends_on)
-        cached = _job_cache.get(row[0])
+    def build(
+        self, pk: int, team_id: int, row: tuple[Any, ...], depends_on: tuple[Dependency, ...]
+    ) -> CoreJob:
+        """The core job of a pending or holding ``row`` (unpacked by the caller into ``pk``
+        and ``team_id``)."""
+        team = self.team_names[team_id]
+        key = (row, team, depends_on)
+        cached = _job_cache.get(pk)
         job = cached[1] if cached is not None and cached[0] == key else None
         if job is None:
-            job = _core_job(row, self.team_names, depends_on)
-        self.built[row[0]] = (key, job)
+            job = _core_job(row, team, depends_on)
+        self.built[pk] = (key, job)
         return job
 
     def keep(self) -> None:
@@ -358,12 +419,10 @@ class _JobBuilder:
         _job_cache = self.built
 
 
-def _core_job(
-    row: tuple[Any, ...], team_names: Mapping[int, str], depends_on: tuple[Dependency, ...]
-) -> CoreJob:
+def _core_job(row: tuple[Any, ...], team: str, depends_on: tuple[Dependency, ...]) -> CoreJob:
     (
         pk,
-        team_id,
+        _team_id,
         _user_id,
         username,
         kind,
@@ -377,10 +436,12 @@ def _core_job(
         preemptible,
         submitted_at,
         queued_since,
-    ) = row[:15]
+        _attempt,
+        *_holding,  # a holding row's further columns
+    ) = row
     return CoreJob(
         id=str(pk),
-        team=team_names[team_id],
+        team=team,
         user=username,
         request=GpuRequest(
             kind=SliceKind(kind),

@@ -6,15 +6,18 @@ from typing import Any
 
 import pytest
 
-from portal.jobs.models import JobState
+from portal.jobs.models import GpuKind, JobState
+from portal.jobs.services import job_submit
 from portal.jobs.testing import make_job, make_node, make_team, make_user
 from portal.jobs.validation import (
     MIG_PROFILES_ALLOWED,
     DependencySpec,
-    GpuSpec,
     JobRequestError,
     validate_job_request,
 )
+from portal.policy import scheduler_config
+from portal.scheduling.snapshot import load_snapshot
+from scheduler.model import GpuRequest, SliceKind
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +59,7 @@ def test_it_accepts_the_readme_example_with_defaults(alice, vision):
     assert request.name == "hello"
     assert request.team == vision
     assert request.command == ("python", "-c", "print('hi')")
-    assert request.gpu == GpuSpec(kind="mig", count=1, profile="1g.10gb")
+    assert request.gpu == GpuRequest(kind=SliceKind.MIG, count=1, profile="1g.10gb")
     assert request.priority == "normal"
     assert request.preemptible is True
     assert request.time_limit_s is None
@@ -252,14 +255,40 @@ def test_the_mig_profile_list_starts_with_the_smallest():
 def test_it_normalises_a_mig_profile_and_reads_form_strings(alice):
     gpu = {"kind": "mig", "profile": " 3G.40GB ", "count": "2", "min_count": "1"}
     request = validate_job_request(valid(gpu=gpu, preemptible="off"), user=alice)
-    assert request.gpu == GpuSpec(kind="mig", count=2, min_count=1, profile="3g.40gb")
+    assert request.gpu == GpuRequest(kind=SliceKind.MIG, count=2, min_count=1, profile="3g.40gb")
     assert request.preemptible is False
 
 
 def test_an_elastic_minimum_equal_to_the_count_is_a_rigid_gang(alice):
     gpu = {"kind": "whole", "count": 2, "min_count": 2, "model": "NVIDIA H100"}
     request = validate_job_request(valid(gpu=gpu), user=alice)
-    assert request.gpu == GpuSpec(kind="whole", count=2, model="NVIDIA H100")
+    assert request.gpu == GpuRequest(kind=SliceKind.WHOLE, count=2, model="NVIDIA H100")
+    assert request.gpu.min_count == 0  # the core's "rigid"
+
+
+def test_the_allowed_gpu_kinds_are_the_cores_and_the_job_columns():
+    assert [kind.value for kind in SliceKind] == list(GpuKind.values)
+
+
+@pytest.mark.parametrize(
+    "gpu",
+    [
+        {"kind": "mig", "profile": "3g.40gb", "count": 3, "min_count": 2},
+        {"kind": "whole", "count": 2, "model": "NVIDIA H100", "multi_node": True},
+        {"kind": "mps", "count": 1},
+    ],
+)
+def test_the_scheduler_sees_exactly_the_request_that_was_validated(alice, gpu, settings):
+    # One definition of a GPU request: what validation returns is stored and read back into
+    # the pass's snapshot as the same core value.
+    request = validate_job_request(valid(gpu=gpu), user=alice)
+    job = job_submit(user=alice, request=request)
+
+    loaded = load_snapshot(now=job.submitted_at, config=scheduler_config())
+
+    assert [core.request for core in loaded.snapshot.pending if core.id == str(job.pk)] == [
+        request.gpu
+    ]
 
 
 def test_a_profile_the_cluster_lacks_is_still_valid(alice):
