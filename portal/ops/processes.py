@@ -8,9 +8,12 @@ with `sys.executable`, so the project's virtual environment is used whatever PAT
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import http.client
+import os
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -279,3 +282,24 @@ def close_to_others(var_dir: Path, *, keep_open: Path) -> None:
             mode = path.stat().st_mode & 0o7777
             if mode & 0o007:
                 path.chmod(mode & ~0o007)
+
+
+def agents_root(var_dir: Path) -> Path:
+    """Where the local agents keep their work directories.
+
+    `<var dir>/agents`, unless the agent runs as root (jobs then run as other users) and one of
+    the var dir's parents lets no other user pass (a clone under /root, mode 0700): a job could
+    never reach its own directory there. Then a directory of the portal's own under the
+    system's temporary directory, named after the var dir, so each checkout keeps its own."""
+    inside = var_dir / "agents"
+    if os.geteuid() != 0 or all(
+        parent.stat().st_mode & 0o001 for parent in var_dir.resolve().parents
+    ):
+        return inside
+    digest = hashlib.sha256(str(var_dir.resolve()).encode()).hexdigest()[:12]
+    base = Path(tempfile.gettempdir()) / f"gpu-portal-{digest}"
+    root = base / "agents"
+    for directory in (base, root):
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o711)  # others may pass through to their own job directory, no more
+    return root

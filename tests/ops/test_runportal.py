@@ -8,9 +8,11 @@ in a temporary var dir, whatever DATABASE_URL / REDIS_URL this test run has: the
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -227,3 +229,24 @@ def test_it_refuses_a_port_that_is_taken(var_dir: Path, running: list[Running]) 
         )
     assert result.returncode == 1
     assert f"--port: 127.0.0.1:{port} is already in use" in result.stderr
+
+
+def test_agents_work_under_the_var_dir_when_job_uids_can_reach_it(tmp_path: Path) -> None:
+    reachable = Path(tempfile.mkdtemp(prefix="portal-var-"))  # /tmp: every parent passable
+    try:
+        assert processes.agents_root(reachable) == reachable / "agents"
+    finally:
+        shutil.rmtree(reachable)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root agent runs jobs as other uids")
+def test_agents_work_elsewhere_when_a_parent_of_the_var_dir_is_closed(tmp_path: Path) -> None:
+    closed = tmp_path / "closed"
+    var_dir = closed / "project" / ".var"
+    var_dir.mkdir(parents=True)
+    closed.chmod(0o700)
+    root = processes.agents_root(var_dir)
+    assert not root.is_relative_to(closed)
+    assert root == processes.agents_root(var_dir)  # the same place every time
+    for directory in (root, root.parent):
+        assert directory.stat().st_mode & 0o777 == 0o711

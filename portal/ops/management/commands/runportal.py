@@ -158,7 +158,7 @@ class Command(BaseCommand):
             supervisor.start(
                 processes.agent_spec(
                     node=node,
-                    workdir=var_dir / "agents" / node,
+                    workdir=processes.agents_root(var_dir) / node,
                     broker_url=broker_url,
                     env=env,
                     key=node_key_text(name=node),
