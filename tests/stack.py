@@ -46,6 +46,7 @@ T = TypeVar("T")
 
 START_TIMEOUT_S = 60.0
 CONTROL_QUEUE = "control"
+LEASE_QUEUE = "control.lease"
 
 
 def database_url_for_children() -> str:
@@ -162,7 +163,8 @@ class PortalStack:
     def _start_broker(self, supervisor: Supervisor, base: Mapping[str, str]) -> str:
         redis_url = base.get("REDIS_URL", "").strip()
         if redis_url:
-            _purge_queue(redis_url, CONTROL_QUEUE)
+            for queue in (CONTROL_QUEUE, LEASE_QUEUE):
+                _purge_queue(redis_url, queue)
             return redis_url
         # A short path of its own: unix socket paths are limited to about 100 characters.
         self._socket_dir = Path(tempfile.mkdtemp(prefix="portal-"))

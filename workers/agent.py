@@ -58,6 +58,7 @@ from workers.mps import prepare_mps
 from workers.outbox import AttemptJournal, Outbox, report_id
 from workers.protocol import (
     CONTROL_QUEUE,
+    LEASE_QUEUE,
     TASK_ACK,
     TASK_AGENT_REPORT,
     TASK_LAUNCH,
@@ -116,10 +117,9 @@ class CelerySender:
 
     def __call__(self, message: Message) -> None:
         envelope = seal(message, node=self._node, key=self._key, now=time.time())
+        queue = LEASE_QUEUE if isinstance(message, Heartbeat) else CONTROL_QUEUE
         with self._lock:
-            self._app.send_task(
-                TASK_AGENT_REPORT, args=[envelope], queue=CONTROL_QUEUE, retry=False
-            )
+            self._app.send_task(TASK_AGENT_REPORT, args=[envelope], queue=queue, retry=False)
 
 
 class LeaseKeeper:

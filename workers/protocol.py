@@ -45,6 +45,10 @@ TASK_QUERY = "agent.query"
 TASK_ACK = "agent.ack"
 TASK_AGENT_REPORT = "portal.agent_report"
 CONTROL_QUEUE = "control"
+# Heartbeats travel apart from reports, so a backlog of reports (log chunks after an outage)
+# never delays the acknowledgements that keep the agents' leases: the control-plane worker
+# consumes both queues, taking from each in turn.
+LEASE_QUEUE = "control.lease"
 
 # A log chunk carries at most this many bytes of UTF-8 text.
 LOG_CHUNK_MAX_BYTES = 64 * 1024

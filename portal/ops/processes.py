@@ -106,7 +106,8 @@ def control_worker_spec(
         "portal",
         "worker",
         "-Q",
-        "control",
+        # Heartbeats (the agents' leases) apart from reports: see workers.protocol.LEASE_QUEUE.
+        "control.lease,control",
         "--pool",
         "threads",
         "--concurrency",

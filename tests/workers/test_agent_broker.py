@@ -34,6 +34,7 @@ from kombu import Connection
 from workers.lease import lease_path, read_lease
 from workers.protocol import (
     CONTROL_QUEUE,
+    LEASE_QUEUE,
     TASK_ACK,
     TASK_AGENT_REPORT,
     TASK_LAUNCH,
@@ -92,7 +93,7 @@ def broker_url(tmp_path: Path) -> Iterator[str]:
         except redis.RedisError as exc:
             unavailable(f"Redis at {url} is unreachable: {exc}")
         yield url
-        client.delete(CONTROL_QUEUE)  # the agent's last heartbeat, in our database 7 only
+        client.delete(CONTROL_QUEUE, LEASE_QUEUE)  # what the agent left, in our database 7 only
         client.close()
         return
     if REQUIRED:
@@ -135,11 +136,18 @@ class FakePortal:
 
     def _consume(self, url: str) -> None:
         with Connection(url) as connection:
-            queue = connection.SimpleQueue(CONTROL_QUEUE, accept=["json"])
+            # Heartbeats come on their own queue, reports on `control`: read both, in turn.
+            queues = [
+                connection.SimpleQueue(name, accept=["json"])
+                for name in (LEASE_QUEUE, CONTROL_QUEUE)
+            ]
+            turn = 0
             try:
                 while not self._stopping.is_set():
+                    queue = queues[turn % 2]
+                    turn += 1
                     try:
-                        raw = queue.get(block=True, timeout=0.3)
+                        raw = queue.get(block=True, timeout=0.15)
                     except queue.Empty:
                         continue
                     raw.ack()
@@ -162,7 +170,8 @@ class FakePortal:
                         self.received.append(message)
                         self._changed.notify_all()
             finally:
-                queue.close()
+                for queue in queues:
+                    queue.close()
 
     def _verified(self, task: str, args: list[Any]) -> Message:
         """What the portal's `agent_report` task does with an envelope before trusting it."""
