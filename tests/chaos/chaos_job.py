@@ -62,7 +62,7 @@ def main(argv: list[str]) -> int:
     for number in range(1, lines + 1):
         due = started + seconds * number / lines
         while (now := time.monotonic()) < due:
-            time.sleep(min(due, next_tick) - now)
+            time.sleep(max(0.0, min(due, next_tick) - now))  # "now" was read a moment ago
             if time.monotonic() >= next_tick:
                 record("tick")
                 next_tick += TICK_S
