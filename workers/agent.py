@@ -103,6 +103,7 @@ HEARTBEAT_FINISHED_MAX = 500
 RESEND_BATCH = 2_000
 # Ended attempts stay in the journal this long (longer than any message may live).
 JOURNAL_KEEP_S = 4 * DEFAULT_MAX_SKEW_S
+JOURNAL_PRUNE_EVERY_S = 60.0
 
 
 class CelerySender:
@@ -236,6 +237,7 @@ class Agent:
             may_launch=self.lease.held,
         )
         self._heartbeat_seq = 0
+        self._pruned_at = float("-inf")
         self._last_sent: dict[tuple[str, int, int, int], float] = {}
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -350,11 +352,15 @@ class Agent:
         if self._sampler is not None:
             for launch in self.supervisor.running_launches():
                 self._send_metrics(launch)
-        self.journal.prune(
-            now=self._clock(),
-            keep_s=JOURNAL_KEEP_S,
-            keep={(r.job_id, r.attempt) for r in self.outbox.pending()},
-        )
+        now = self._clock()
+        if now - self._pruned_at >= JOURNAL_PRUNE_EVERY_S:
+            # The journal holds up to thousands of entries: not on every heartbeat.
+            self._pruned_at = now
+            self.journal.prune(
+                now=now,
+                keep_s=JOURNAL_KEEP_S,
+                keep={(r.job_id, r.attempt) for r in self.outbox.pending()},
+            )
 
     def check_lease(self) -> None:
         """Fence: the lease just ran out, so stop every job before the portal requeues it."""

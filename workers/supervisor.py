@@ -166,46 +166,41 @@ class Supervisor:
         key = (msg.job_id, msg.attempt)
         older: list[Attempt] = []
         with self._lock:
-            attempt = self._attempts.get(key)
+            # Known in memory, or in the journal (ended in an earlier run of the agent, or a
+            # tombstone): never run again.
+            attempt = self._recall(key)
             if attempt is None:
-                known = self.journal.get(key)
-                if known is not None:
-                    # Ended in an earlier run of the agent, or a tombstone: never again.
-                    attempt = self._remember(_from_journal(known))
+                highest = self.journal.highest_attempt(msg.job_id)
+                if highest is not None and msg.attempt < highest:
+                    attempt = self._tombstone(
+                        key,
+                        "superseded",
+                        f"attempt {highest} of this job was seen on {self.node} first",
+                    )
+                elif self._shutting_down or not self._may_launch():
+                    log.warning(
+                        "job %s attempt %s: launch refused (%s); the portal sends it again",
+                        *key,
+                        "agent shutting down" if self._shutting_down else "no lease",
+                    )
+                    return
                 else:
-                    highest = self.journal.highest_attempt(msg.job_id)
-                    if highest is not None and msg.attempt < highest:
-                        attempt = self._remember(Attempt(key=key, launch=None))
-                        attempt.finished = self._finished(
-                            key,
-                            exit_code=None,
-                            outcome="superseded",
-                            error=f"attempt {highest} of this job was seen on {self.node} first",
-                        )
-                        self.journal.record_finished(attempt.finished)
-                    elif self._shutting_down or not self._may_launch():
-                        log.warning(
-                            "job %s attempt %s: launch refused (%s); the portal sends it again",
-                            *key,
-                            "agent shutting down" if self._shutting_down else "no lease",
-                        )
-                        return
-                    else:
-                        self.journal.record_launch(msg)
-                        attempt = self._remember(Attempt(key=key, launch=msg))
-                        older = [
-                            a
-                            for a in self._attempts.values()
-                            if a.key[0] == msg.job_id and a.key[1] < msg.attempt and a.run
-                        ]
-                        thread = threading.Thread(
-                            target=self._supervise,
-                            args=(attempt, older),
-                            name=f"job-{key[0]}-{key[1]}",
-                        )
-                        self._threads[key] = thread
-                        thread.start()
-                        return
+                    self.journal.record_launch(msg)
+                    attempt = self._remember(Attempt(key=key, launch=msg))
+                    # Older attempts of this job still running here stop first (fencing).
+                    older = [
+                        a
+                        for a in self._attempts.values()
+                        if a.key[0] == msg.job_id and a.key[1] < msg.attempt and a.run
+                    ]
+                    thread = threading.Thread(
+                        target=self._supervise,
+                        args=(attempt, older),
+                        name=f"job-{key[0]}-{key[1]}",
+                    )
+                    self._threads[key] = thread
+                    thread.start()
+                    return
         log.info("job %s attempt %s launched again: re-reporting its state", *key)
         self._report_current(attempt)
 
@@ -216,20 +211,13 @@ class Supervisor:
         key = (job_id, attempt_no)
         to_terminate: list[tuple[Run, float]] = []
         with self._lock:
-            attempt = self._attempts.get(key)
+            attempt = self._recall(key)
             if attempt is None:
-                known = self.journal.get(key)
-                attempt = self._remember(
-                    _from_journal(known) if known else Attempt(key=key, launch=None)
+                attempt = self._tombstone(
+                    key,
+                    OUTCOME_FOR_STOP[reason],
+                    f"stopped ({reason}) before it started on {self.node}",
                 )
-                if attempt.finished is None and attempt.launch is None:
-                    attempt.finished = self._finished(
-                        key,
-                        exit_code=None,
-                        outcome=OUTCOME_FOR_STOP[reason],
-                        error=f"stopped ({reason}) before it started on {self.node}",
-                    )
-                    self.journal.record_finished(attempt.finished)
             else:
                 to_terminate = self._request_stop(attempt, reason, grace_s, note)
             finished = attempt.finished
@@ -262,20 +250,9 @@ class Supervisor:
         (`unknown`) and make sure it never runs here."""
         key = (msg.job_id, msg.attempt)
         with self._lock:
-            attempt = self._attempts.get(key)
-            if attempt is None:
-                known = self.journal.get(key)
-                if known is not None:
-                    attempt = self._remember(_from_journal(known))
-                else:
-                    attempt = self._remember(Attempt(key=key, launch=None))
-                    attempt.finished = self._finished(
-                        key,
-                        exit_code=None,
-                        outcome="unknown",
-                        error=f"{self.node} has no record of this attempt; it will not run it",
-                    )
-                    self.journal.record_finished(attempt.finished)
+            attempt = self._recall(key) or self._tombstone(
+                key, "unknown", f"{self.node} has no record of this attempt; it will not run it"
+            )
         self._report_current(attempt)
 
     def fence(self, why: str, grace_s: float) -> int:
@@ -585,6 +562,23 @@ class Supervisor:
         message = attempt.finished or attempt.started
         if message is not None:  # still starting: `started` follows on its own
             self._report(message)
+
+    def _recall(self, key: Key) -> Attempt | None:
+        """Under the lock: what this node knows of an attempt, in memory or in its journal."""
+        attempt = self._attempts.get(key)
+        if attempt is None:
+            known = self.journal.get(key)
+            if known is not None:
+                attempt = self._remember(_from_journal(known))
+        return attempt
+
+    def _tombstone(self, key: Key, outcome: str, error: str) -> Attempt:
+        """Under the lock: an attempt this node never ran and now never will. Its end goes to
+        the journal at once, so a launch arriving later finds it."""
+        attempt = self._remember(Attempt(key=key, launch=None))
+        attempt.finished = self._finished(key, exit_code=None, outcome=outcome, error=error)
+        self.journal.record_finished(attempt.finished)
+        return attempt
 
     def _remember(self, attempt: Attempt) -> Attempt:
         self._attempts[attempt.key] = attempt
