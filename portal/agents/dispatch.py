@@ -215,11 +215,14 @@ def _send_stop_chunk(job_ids: Sequence[int], now: datetime) -> int:
             nodes[job_id].append(node)
     sent = 0
     stopped: list[tuple[int, int]] = []
+    keys = node_keys(
+        {n for targets in nodes.values() for n in targets} | {j[2] for j in jobs.values() if j[2]}
+    )
     for job_id, (attempt, reason, job_node) in jobs.items():
         targets = nodes.get(job_id) or ([job_node] if job_node else [])
         ok = False
         for node in targets:
-            ok = send_stop_attempt(node, job_id, attempt, reason) or ok
+            ok = send_stop_attempt(node, job_id, attempt, reason, keys=keys) or ok
             sent += 1
         if ok:
             stopped.append((job_id, attempt))
@@ -227,17 +230,14 @@ def _send_stop_chunk(job_ids: Sequence[int], now: datetime) -> int:
     return sent
 
 
-def send_stop_attempt(node: str, job_id: int, attempt: int, reason: str) -> bool:
+def send_stop_attempt(
+    node: str, job_id: int, attempt: int, reason: str, *, keys: dict[str, bytes] | None = None
+) -> bool:
     """Stop one attempt on one node, whatever the database says (for orphans: attempts an
     agent runs that the portal no longer gives it)."""
     grace = _grace_for(reason)
     message = Stop(node=node, job_id=job_id, attempt=attempt, reason=reason, grace_s=grace)  # type: ignore[arg-type]
-    return publish(TASK_STOP, message, node)
-
-
-def send_query(node: str, job_id: int, attempt: int) -> bool:
-    """Ask `node` what it knows of an attempt (its answer may let the portal requeue it)."""
-    return publish(TASK_QUERY, Query(node=node, job_id=job_id, attempt=attempt), node)
+    return publish(TASK_STOP, message, node, keys=keys)
 
 
 def send_queries(wanted: Iterable[tuple[str, int, int]], *, now: datetime | None = None) -> int:
@@ -253,9 +253,10 @@ def send_queries(wanted: Iterable[tuple[str, int, int]], *, now: datetime | None
     return len(asked)
 
 
-def send_ack(ack: Ack) -> bool:
-    """Tell an agent which of its reports (and which heartbeat) the portal applied."""
-    return publish(TASK_ACK, ack, ack.node)
+def send_ack(ack: Ack, *, key: bytes | None = None) -> bool:
+    """Tell an agent which of its reports (and which heartbeat) the portal applied; ``key``
+    is the node's key when the caller has it already (it just verified the report)."""
+    return publish(TASK_ACK, ack, ack.node, keys={ack.node: key} if key else None)
 
 
 def _grace_for(reason: str) -> float:

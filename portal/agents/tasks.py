@@ -44,7 +44,7 @@ def agent_report(envelope: Any) -> str:
             claim_nonce(received.envelope, now=now)
             ack = handle_report(received.message, now=now)
             if ack is not None:
-                transaction.on_commit(lambda: send_ack(ack))
+                transaction.on_commit(lambda: send_ack(ack, key=received.key))
     except SignatureError as error:
         record_refusal(error, envelope, now=now)
         return f"refused: {error.reason}"

@@ -42,6 +42,7 @@ log = logging.getLogger("portal.agents")
 class Received:
     envelope: Envelope
     message: Message
+    key: bytes  # the node's key, to sign the acknowledgement with
 
 
 def open_report(raw: Any, *, now: datetime) -> Received:
@@ -54,7 +55,8 @@ def open_report(raw: Any, *, now: datetime) -> Received:
         )
     verify_signature(envelope, key)
     check_fresh(envelope, now=now.timestamp(), max_skew_s=settings.MESSAGE_MAX_SKEW_S)
-    return Received(envelope=envelope, message=message_of(envelope, allowed_types=TO_PORTAL_TYPES))
+    message = message_of(envelope, allowed_types=TO_PORTAL_TYPES)
+    return Received(envelope=envelope, message=message, key=key)
 
 
 def claim_nonce(envelope: Envelope, *, now: datetime) -> None:
