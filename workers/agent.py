@@ -511,7 +511,8 @@ def next_boot(workdir: Path) -> tuple[str, str]:
 
 def adopt_runs(launcher: Launcher, journal: AttemptJournal) -> dict[tuple[int, int], Run]:
     """What survived the previous run of the agent: adopted containers; leftover processes
-    (which should have died with it) are killed."""
+    (which should have died with it) are killed, and processes that ended on their own
+    before anyone read their status hand over the exit code their shim recorded."""
     adopt = getattr(launcher, "adopt", None)
     if callable(adopt):
         return dict(adopt())
@@ -520,6 +521,9 @@ def adopt_runs(launcher: Launcher, journal: AttemptJournal) -> dict[tuple[int, i
         killed = reap(set())
         if killed:
             log.warning("killed leftovers of an earlier agent run: %s", killed)
+    ended = getattr(launcher, "ended_runs", None)
+    if callable(ended):
+        return dict(ended((e.job_id, e.attempt) for e in journal.unfinished()))
     return {}
 
 

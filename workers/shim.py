@@ -14,6 +14,10 @@ job cannot outlive the agent's claim to run it:
   process so this works while the agent itself is frozen (SIGSTOP, a swapped-out host).
 - **Stop.** The agent asks for a stop over the same socket (`stop <grace>`, `kill`), so only
   the job's parent ever signals its process group: the group id cannot have been reused.
+- **Exit record.** When the job ends the shim writes `<attempt dir>/exit`: its exit code and
+  whether a stop signal reached it while it ran. A job that ended on its own keeps its own
+  result even if a stop was asked for at that moment, and even if the agent died before it
+  read the status: the restarted agent reports it from the record (see `ended_runs`).
 - **Uid claim.** With job uids the shim inherits the launcher's host-wide claim on the job's
   uid (a flock, see `JobUids`) and holds it until it exits, after its last sweep of the uid:
   when the agent dies the uid is not handed to another attempt (by another agent on the host)
@@ -53,6 +57,7 @@ LEASE_CHECK_S = 0.5
 REQUEST_TIMEOUT_S = 30.0
 PID_FILE = "pid"
 FENCED_FILE = "fenced"
+EXIT_FILE = "exit"
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
@@ -142,6 +147,37 @@ def read_record(attempt_dir: Path) -> dict[str, int]:
     return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
+def write_exit(attempt_dir: Path, code: int, *, stopped: bool) -> None:
+    """Record how the job ended, once (the first record stands), durably: a restarted agent
+    reads it to report the job's own result instead of losing it. `stopped`: a stop signal
+    (the agent's, the lease fence's, the agent's death) reached the job while it ran."""
+    final = attempt_dir / EXIT_FILE
+    if final.exists():
+        return
+    fd, tmp = tempfile.mkstemp(dir=attempt_dir, prefix=".exit-", suffix=".tmp")
+    with os.fdopen(fd, "w") as out:
+        json.dump({"code": code, "stopped": stopped}, out)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, final)
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(attempt_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def read_exit(attempt_dir: Path) -> tuple[int, bool] | None:
+    """(exit code, whether a stop reached the job) as the shim recorded it; None if it did
+    not (still running, or the shim itself was killed)."""
+    try:
+        data = json.loads((attempt_dir / EXIT_FILE).read_text())
+        return int(data["code"]), bool(data["stopped"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def process_is(pid: int | None, started: int | None) -> bool:
     return pid is not None and pid > 0 and started is not None and start_time(pid) == started
 
@@ -194,6 +230,9 @@ class Shim:
         self.job: subprocess.Popen[bytes] | None = None
         self.kill_at: float | None = None  # monotonic deadline of a pending SIGKILL
         self.buffer = b""
+        # A stop signal reached the job while it ran. A job that ended on its own before any
+        # did keeps its own result, even when a stop was asked for at the same moment.
+        self.stopped = False
 
     # Setup ------------------------------------------------------------------------------------
 
@@ -289,7 +328,7 @@ class Shim:
         while True:
             now = time.monotonic()
             if self.kill_at is not None and now >= self.kill_at:
-                kill_group(self.job.pid, signal.SIGKILL)
+                self._signal_job(signal.SIGKILL)
                 self.kill_at = None
             if self.lease is not None and now >= next_lease_check:
                 next_lease_check = now + LEASE_CHECK_S
@@ -319,11 +358,11 @@ class Shim:
             if word == "stop":
                 self._stop(float(arg or 0))
             elif word == "kill":
-                kill_group(self.job.pid, signal.SIGKILL)
+                self._signal_job(signal.SIGKILL)
 
     def _stop(self, grace_s: float) -> None:
         assert self.job is not None
-        kill_group(self.job.pid, signal.SIGTERM)
+        self._signal_job(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         if self.kill_at is None or deadline < self.kill_at:
             self.kill_at = deadline
@@ -336,6 +375,8 @@ class Shim:
             return
         if (self.attempt_dir / FENCED_FILE).exists():
             return  # fenced already; the SIGKILL is pending
+        if self._exited():
+            return  # it ended on its own: the loop reports that, nothing to fence
         reason = f"{self._why(now)}; stopped with SIGTERM, SIGKILL after {self.fence_grace_s:g}s"
         (self.attempt_dir / FENCED_FILE).write_text(reason + "\n")
         with contextlib.suppress(OSError):  # nobody reads the log any more: still fence
@@ -351,27 +392,61 @@ class Shim:
 
     def _agent_gone(self, signum: int, frame: object) -> None:
         """The agent died (lifeline closed) or the shim was told to go: nothing may keep
-        running in the job's name."""
+        running in the job's name. A job that had already ended keeps its own result in the
+        exit record, for the restarted agent to report."""
         if self.job is None:
             os._exit(1)  # nothing started yet
+        ended = self._exit_status()
+        if ended is None:
+            self.stopped = True
         kill_group(self.job.pid, signal.SIGKILL)
         self._cleanup()
         # Not Popen.wait(): this may run as a signal handler (PDEATHSIG) that interrupted the
         # main loop inside Popen's own wait, whose lock it would then wait for forever.
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.job.pid, 0)
-        os._exit(128 + signal.SIGKILL)
+        code = 128 + signal.SIGKILL if ended is None else ended
+        with contextlib.suppress(OSError):
+            write_exit(self.attempt_dir, code, stopped=self.stopped)
+        os._exit(code)
 
     def _job_ended(self) -> int:
         assert self.job is not None
         # Look at the exit without reaping: the group id stays ours while we kill the rest.
-        status = os.waitid(os.P_PID, self.job.pid, os.WEXITED | os.WNOWAIT)
+        code = self._exit_status()
         kill_group(self.job.pid, signal.SIGKILL)
         self._cleanup()
         self.job.wait()
-        if status is not None and status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        code = 0 if code is None else code
+        with contextlib.suppress(OSError):
+            write_exit(self.attempt_dir, code, stopped=self.stopped)
+        return code
+
+    def _exit_status(self) -> int | None:
+        """The job's exit code (128 + n for signal n) once it has exited, without reaping it
+        (its group id stays ours while we kill the rest); None while it runs."""
+        assert self.job is not None
+        try:
+            status = os.waitid(os.P_PID, self.job.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.job.returncode if self.job.returncode is not None else 0
+        if status is None:
+            return None
+        if status.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
             return 128 + status.si_status
-        return status.si_status if status is not None else 0
+        return status.si_status
+
+    def _exited(self) -> bool:
+        return self._exit_status() is not None
+
+    def _signal_job(self, sig: signal.Signals) -> None:
+        """Signal the job's group unless the job has already exited: then the loop reports
+        its own end, and no stop is said to have reached it."""
+        assert self.job is not None
+        if self._exited():
+            return
+        self.stopped = True
+        kill_group(self.job.pid, sig)
 
     def _cleanup(self) -> None:
         if self.uid is not None:

@@ -470,6 +470,8 @@ class Supervisor:
         reader.join(OUTPUT_DRAIN_S)
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
+        stop_reached = _stop_reached(run)
+        note = str(getattr(run, "note", ""))
         run.release()
 
         def outcome() -> tuple[str, str]:
@@ -479,11 +481,13 @@ class Supervisor:
                 # The job's own watcher stopped it (the agent was frozen or slow to notice).
                 attempt.stop_reason = "fence"
                 attempt.stop_note = f"fenced: {fenced}"
-            if attempt.stop_reason is not None:
+            if attempt.stop_reason is not None and (fenced or stop_reached):
                 return _stopped_outcome(attempt)
+            # It ended on its own, even if a stop was asked for meanwhile: its result stands
+            # (reporting a finished job as stopped would run it again).
             if exit_code == 0:
-                return "succeeded", ""
-            return "failed", describe_exit(exit_code)
+                return "succeeded", note
+            return "failed", describe_exit(exit_code) + (f"; {note}" if note else "")
 
         self._finish_as(attempt, exit_code, outcome)
 
@@ -610,6 +614,13 @@ def _from_journal(entry: JournalEntry) -> Attempt:
 def _fenced_reason(run: Run) -> str | None:
     fenced = getattr(run, "fenced", None)
     return fenced() if callable(fenced) else None
+
+
+def _stop_reached(run: Run) -> bool:
+    """Whether a stop signal reached the attempt while it ran; True for a launcher that
+    cannot tell (its stop outcome then stands, as before)."""
+    reached = getattr(run, "stop_reached", None)
+    return bool(reached()) if callable(reached) else True
 
 
 def _adopted_log_seq(run: Run) -> int:

@@ -24,6 +24,7 @@ another user in a sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -76,8 +77,14 @@ def main(argv: list[str]) -> int:
                 out_ok = False
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, 1)
+    if out_ok:
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
     record("end")
-    return 0
+    # Exit at once: `end` means the job is done, and the interpreter's own shutdown after it
+    # would leave a window in which a kill (the agent's death) turns a finished job into a
+    # killed one, which the portal rightly runs again.
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from fake_nvml import FakeGpu, FakeMig, FakeNvml
 from workers.agent import Agent
 from workers.inventory import discover
 from workers.launch import LaunchError
+from workers.launchers.process import EndedRun
 from workers.lease import read_lease
 from workers.metrics import NvmlSampler
 from workers.protocol import (
@@ -239,6 +240,46 @@ def test_a_stop_arriving_after_a_natural_exit_keeps_the_real_outcome(
     assert run.terminated_with == []  # nothing left to signal
 
 
+@pytest.mark.parametrize(
+    ("reason", "code", "result"),
+    [
+        ("preempt", 0, ("succeeded", "")),
+        ("cancel", 0, ("succeeded", "")),
+        ("time_limit", 0, ("succeeded", "")),
+        ("preempt", 2, ("failed", "exit code 2")),
+    ],
+)
+def test_a_job_that_ended_on_its_own_as_the_stop_went_out_keeps_its_result(
+    agent: Agent,
+    sender: RecordingSender,
+    launcher: ScriptedLauncher,
+    reason: str,
+    code: int,
+    result: tuple[str, str],
+) -> None:
+    # The job exited a moment before the stop's signal would have reached it (its shim was
+    # still sweeping, so the run looked alive): the launcher says no stop reached it.
+    launch(agent)
+    sender.started()
+    launcher.runs[0].ends_before_any_stop(code)
+    stop(agent, reason)
+    finished = sender.finished()
+    assert (finished.outcome, finished.error) == result and finished.exit_code == code
+
+
+def test_a_job_that_ended_on_its_own_as_the_agent_fenced_keeps_its_result(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, launcher, tmp_path, clock=(clock := Clock()))
+    launch(agent)
+    sender.started()
+    launcher.runs[0].ends_before_any_stop(0)
+    clock.now += LEASE_S
+    agent.check_lease()
+    assert sender.finished().outcome == "succeeded"
+    assert agent.supervisor.join(5)
+
+
 def test_a_stop_after_the_attempt_finished_keeps_the_reported_outcome(
     agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
 ) -> None:
@@ -371,6 +412,24 @@ def test_the_outbox_and_the_journal_survive_a_restart(
     launch(second)  # a late launch of the same attempt never runs it again
     assert second.supervisor.join(5)
     assert again.of_type(Started) == []
+    launcher.runs[0].exit(0)
+
+
+def test_a_job_that_ended_while_its_agent_was_down_reports_its_own_result(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    first = make_agent(sender, launcher, tmp_path)
+    launch(first)
+    sender.started()
+    # The agent dies (kill -9) just after the job exited; its shim recorded the exit code,
+    # which the process launcher hands to the next agent run as an ended run.
+    again = RecordingSender()
+    second = make_agent(again, ScriptedLauncher(), tmp_path)
+    second.supervisor.recover({(1, 0): EndedRun(0, pid=1000)})
+    finished = again.finished()
+    assert (finished.outcome, finished.exit_code, finished.started_at) == ("succeeded", 0, CLOCK)
+    assert "output it had not yet read was not kept" in finished.error
+    assert second.supervisor.join(5)
     launcher.runs[0].exit(0)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +103,14 @@ class RecordingContainer:
     id = "c0ffee"
     status = "running"
 
-    def __init__(self, start_error: Exception | None = None) -> None:
+    def __init__(
+        self, start_error: Exception | None = None, *, status_after_reload: str = "exited"
+    ) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.start_error = start_error
+        self.status_after_reload = status_after_reload
+        self.reloaded = threading.Event()
+        self.stopped = threading.Event()
 
     def start(self) -> None:
         self.calls.append(("start", {}))
@@ -121,10 +126,12 @@ class RecordingContainer:
         return {"StatusCode": 3}
 
     def reload(self) -> None:
-        self.status = "exited"
+        self.status = self.status_after_reload
+        self.reloaded.set()
 
     def stop(self, **kwargs: Any) -> None:
         self.calls.append(("stop", kwargs))
+        self.stopped.set()
 
     def remove(self, **kwargs: Any) -> None:
         self.calls.append(("remove", kwargs))
@@ -176,12 +183,22 @@ def test_a_container_run_streams_logs_reports_the_exit_code_and_is_removed() -> 
 
 
 def test_terminate_stops_the_container_with_the_grace_as_timeout() -> None:
-    container = RecordingContainer()
-    DockerRun(container).terminate(2.5)
-    deadline = time.monotonic() + 5
-    while not container.calls and time.monotonic() < deadline:
-        time.sleep(0.01)  # docker stop runs on its own thread
+    container = RecordingContainer(status_after_reload="running")
+    run = DockerRun(container)
+    run.terminate(2.5)
+    assert container.stopped.wait(5)  # docker stop runs on its own thread
     assert container.calls == [("stop", {"timeout": 3})]
+    assert run.stop_reached()
+
+
+def test_a_container_that_ended_on_its_own_is_not_stopped_and_keeps_its_result() -> None:
+    # Reported stopped, a job that had finished would be run again by the portal.
+    container = RecordingContainer(status_after_reload="exited")
+    run = DockerRun(container)
+    run.terminate(2.5)
+    assert container.reloaded.wait(5)  # it looked, saw the container exited: no stop follows
+    assert container.calls == []
+    assert not run.stop_reached()
 
 
 def test_an_adopted_exited_run_gives_its_recorded_exit_code_without_asking_the_engine() -> None:

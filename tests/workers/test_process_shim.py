@@ -27,6 +27,7 @@ from workers.launch import LaunchError
 from workers.launchers.process import JobUids, ProcessLauncher, claim_uid, isolation_summary
 from workers.lease import Lease, write_lease
 from workers.settings import AgentSettings
+from workers.shim import read_exit, read_record
 
 SLEEPER = ["sh", "-c", "sleep 300 & echo $!; wait"]  # prints its grandchild's pid
 POOL = (61000, 61009)
@@ -140,6 +141,80 @@ def test_fencing_works_while_the_agent_is_frozen(tmp_path: Path) -> None:
         agent.kill()
         os.kill(agent.pid, signal.SIGCONT)
         agent.wait()
+
+
+def shim_pid(attempt_dir: Path) -> int:
+    return read_record(attempt_dir)["shim"]
+
+
+def test_the_shim_records_each_exit_and_whether_a_stop_reached_the_job(tmp_path: Path) -> None:
+    own = launcher(tmp_path).start(make_launch(["sh", "-c", "exit 3"]))
+    assert own.wait() == 3
+    assert read_exit(own.attempt_dir) == (3, False) and not own.stop_reached()
+    stopped = launcher(tmp_path).start(make_launch(SLEEPER, job_id=2))
+    first_line(stopped)
+    stopped.terminate(1.0)
+    assert stopped.wait() == 128 + signal.SIGTERM
+    assert read_exit(stopped.attempt_dir) == (128 + signal.SIGTERM, True)
+    assert stopped.stop_reached()
+
+
+def test_a_job_that_ended_as_its_lease_lapsed_is_not_fenced(tmp_path: Path) -> None:
+    # The shim is slow (frozen here) while the job ends on its own and the lease lapses: the
+    # job's result stands. Reporting it fenced would have the portal run it again. (The shim
+    # looks at the job's exit before it fences or signals; this cannot time that window.)
+    lease = lease_for(tmp_path / "lease.json", 30.0)
+    command = ["sh", "-c", "echo up; sleep 0.5"]  # (its output pipe is closed once read)
+    run = launcher(tmp_path / "agent", lease_path=lease, fence_grace_s=0.5).start(
+        make_launch(command)
+    )
+    assert first_line(run) == "up"
+    shim = shim_pid(run.attempt_dir)
+    os.kill(shim, signal.SIGSTOP)
+    try:
+        eventually(lambda: not alive(run.pid or 0), within=3)  # the job ended meanwhile
+        lease_for(lease, -1.0)
+    finally:
+        os.kill(shim, signal.SIGCONT)
+    assert run.wait() == 0
+    assert run.fenced() is None
+    assert read_exit(run.attempt_dir) == (0, False) and not run.stop_reached()
+
+
+def test_a_job_that_ended_just_before_its_agent_died_keeps_its_result_for_the_next_agent(
+    tmp_path: Path,
+) -> None:
+    # The job has exited, but its shim (frozen here) has not yet told the agent, which is
+    # killed: the shim records the job's own exit and the restarted agent reports it.
+    agent, job = start_agent(
+        workdir=tmp_path / "agent", command=["sh", "-c", "echo up; sleep 0.5; exit 7"]
+    )
+    attempt_dir = Path(job["attempt_dir"])
+    shim = shim_pid(attempt_dir)
+    os.kill(shim, signal.SIGSTOP)
+    try:
+        eventually(lambda: not alive(job["pgid"]), within=3)
+        agent.kill()
+        agent.wait()
+    finally:
+        os.kill(shim, signal.SIGCONT)
+    eventually(lambda: not alive(shim), within=3)
+    assert read_exit(attempt_dir) == (7, False)
+    after = launcher(tmp_path / "agent")
+    assert after.reap_leftovers(keep=set()) == []
+    ended = after.ended_runs([(1, 0), (9, 0)])
+    assert list(ended) == [(1, 0)]
+    assert ended[(1, 0)].wait() == 7 and not ended[(1, 0)].stop_reached()
+
+
+def test_a_job_killed_with_its_agent_is_not_handed_over_as_ended(tmp_path: Path) -> None:
+    agent, job = start_agent(workdir=tmp_path / "agent", command=SLEEPER)
+    agent.kill()
+    agent.wait()
+    attempt_dir = Path(job["attempt_dir"])
+    eventually(lambda: read_exit(attempt_dir) is not None, within=3)
+    assert read_exit(attempt_dir) == (128 + signal.SIGKILL, True)
+    assert launcher(tmp_path / "agent").ended_runs([(1, 0)]) == {}
 
 
 def test_a_job_is_not_started_once_the_lease_has_expired(tmp_path: Path) -> None:

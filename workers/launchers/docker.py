@@ -161,6 +161,7 @@ class DockerRun:
         self._key = key
         self._workdir = workdir
         self._exit_code = exit_code
+        self._stop_sent = False
         self.pid: int | None = None
         self.container_id: str | None = container.id
 
@@ -181,9 +182,18 @@ class DockerRun:
     def terminate(self, grace_s: float) -> None:
         # `docker stop` blocks for up to the grace period: do it off the caller's thread.
         timeout = max(0, math.ceil(grace_s))
-        threading.Thread(
-            target=self._container.stop, kwargs={"timeout": timeout}, daemon=True
-        ).start()
+        threading.Thread(target=self._stop, args=(timeout,), daemon=True).start()
+
+    def _stop(self, timeout: int) -> None:
+        if self.has_exited():
+            return  # it ended on its own: its result stands, no stop reached it
+        self._stop_sent = True
+        self._container.stop(timeout=timeout)
+
+    def stop_reached(self) -> bool:
+        """Whether the agent stopped the container while it ran (the watchdog's kill is
+        `fenced()`). Read after the exit."""
+        return self._stop_sent
 
     def reap(self) -> None:
         """The container's processes end with it."""

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +56,7 @@ from workers.shim import (
     kill_uid,
     process_is,
     processes,
+    read_exit,
     read_record,
 )
 
@@ -330,9 +331,53 @@ class ProcessRun:
         except FileNotFoundError:
             return None
 
+    def stop_reached(self) -> bool:
+        """Whether a stop signal reached the job while it ran (read after the exit). A shim
+        that left no exit record (it was killed itself) counts as stopped."""
+        record = read_exit(self.attempt_dir)
+        return record is None or record[1]
+
     def _tell(self, line: str) -> None:
         with contextlib.suppress(OSError):  # the shim has gone: nothing left to stop
             self._control.sendall(line.encode() + b"\n")
+
+
+class EndedRun:
+    """An attempt that ended on its own while no agent watched it: its shim recorded the exit
+    code after the agent died (or before the agent had read it). Handed to the restarted
+    agent's supervisor like an adopted run, so the job's own result is reported, not a loss.
+    The output the agent had not read when it died is gone: `note` says so."""
+
+    log_seq_from = 0
+
+    def __init__(self, exit_code: int, *, pid: int | None) -> None:
+        self._exit_code = exit_code
+        self.pid = pid
+        self.container_id: str | None = None
+        self.note = (
+            "the agent restarted after the job ended; output it had not yet read was not kept"
+        )
+
+    def output(self) -> Iterator[bytes]:
+        return iter(())
+
+    def wait(self) -> int:
+        return self._exit_code
+
+    def has_exited(self) -> bool:
+        return True
+
+    def terminate(self, grace_s: float) -> None:
+        """It has ended."""
+
+    def reap(self) -> None:
+        """Its leftovers were killed with the earlier agent's (`reap_leftovers`)."""
+
+    def release(self) -> None:
+        """Nothing is held."""
+
+    def stop_reached(self) -> bool:
+        return False
 
 
 # --- the launcher -----------------------------------------------------------------------------
@@ -406,6 +451,18 @@ class ProcessLauncher:
                 log.warning("killed job %s attempt %s, left running by an earlier agent", *key)
                 killed.append(key)
         return killed
+
+    def ended_runs(self, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], EndedRun]:
+        """Of `keys` (attempts an earlier agent run started and never saw end), those whose
+        job ended on its own, as its shim recorded: their results are still to be reported.
+        Call after `reap_leftovers`, which leaves every shim gone and its record written."""
+        ended: dict[tuple[int, int], EndedRun] = {}
+        for key in keys:
+            attempt_dir = self.workdir / "jobs" / f"{key[0]}-{key[1]}"
+            record = read_exit(attempt_dir)
+            if record is not None and not record[1]:
+                ended[key] = EndedRun(record[0], pid=read_record(attempt_dir).get("pgid"))
+        return ended
 
     # Start ------------------------------------------------------------------------------------
 
