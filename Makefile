@@ -13,11 +13,12 @@ PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint format bench clean distclean install chromium dockerd
-.PHONY: chaos chaos-short
+.PHONY: chaos chaos-short test-deep
 
 help:
 	@echo "make run    - install, migrate, seed demo data and start the portal on http://127.0.0.1:8000"
 	@echo "make test   - install and run the whole suite (ruff, mypy --strict scheduler workers, pytest)"
+	@echo "make test-deep - the property tests with random seeds and 10x the examples (hunting)"
 	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - run the benchmarks into bench/results.json"
@@ -52,6 +53,10 @@ test: $(INSTALLED) chromium dockerd
 	@$(VENV)/bin/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no test (exit 5)" >&2; fi; \
 	exit $$rc
+
+# `make test` runs the property tests on fixed examples (hypothesis profile `ci`); this hunts.
+test-deep: $(INSTALLED)
+	HYPOTHESIS_PROFILE=deep $(VENV)/bin/pytest tests/scheduler $(PYTEST_ARGS)
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

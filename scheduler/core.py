@@ -137,12 +137,18 @@ class _Left:
 
 @dataclass(slots=True)
 class _Ledger:
-    """GPU units held per team and per user, as the pass places and preempts."""
+    """GPU units held per team and per user, as the pass places and preempts.
+
+    A job being stopped (a victim in its grace period, or one this pass preempts) holds its
+    units until its agent reports it stopped: they stay in ``team`` and ``user``, which the
+    limits check, and are also counted in ``stopping``, so that reclaim sees what a team
+    keeps once its stops are done (``kept``) and never takes twice for one shortage."""
 
     team: dict[str, float] = field(default_factory=dict)
     user: dict[tuple[str, str], float] = field(default_factory=dict)
     team_billed: dict[str, float] = field(default_factory=dict)
     user_billed: dict[tuple[str, str], float] = field(default_factory=dict)
+    stopping: dict[str, float] = field(default_factory=dict)
 
     def add(self, job: Job, units: float, billed: float = 0.0) -> None:
         self.team[job.team] = self.team.get(job.team, 0.0) + units
@@ -150,6 +156,16 @@ class _Ledger:
         self.user[key] = self.user.get(key, 0.0) + units
         self.team_billed[job.team] = self.team_billed.get(job.team, 0.0) + billed
         self.user_billed[key] = self.user_billed.get(key, 0.0) + billed
+
+    def stop(self, team: str, units: float) -> None:
+        self.stopping[team] = self.stopping.get(team, 0.0) + units
+
+    def kept(self) -> dict[str, float]:
+        """Units per team once the jobs being stopped have stopped."""
+        if not self.stopping:
+            return self.team
+        stopping = self.stopping
+        return {name: units - stopping.get(name, 0.0) for name, units in self.team.items()}
 
 
 class _Cycle:
@@ -231,6 +247,7 @@ class _Cycle:
             if run.preempting_since is not None:
                 stop = run.preempting_since + grace
                 end = stop if end is None or stop < end else end
+                self.ledger.stop(team, units)
             held_list.append((run, held, units, end))
         self.held = held_list
         self._charge_billed(self.config.model_weights)
@@ -261,7 +278,7 @@ class _Cycle:
         slices free soon) and jobs some rule could pick (a team borrowing now for reclaim,
         a class below the highest pending one for priority)."""
         config = self.config
-        teams, ledger = self._teams, self.ledger.team
+        teams, ledger = self._teams, self.ledger.kept()
         borrowing = {
             name
             for name, units in ledger.items()
@@ -674,21 +691,16 @@ class _Cycle:
                     return True
                 return by_priority and holder.rank < c.rank
 
+            kept = self.ledger.kept()
+
             def team_may(team: str) -> bool:
                 # Reclaim only takes from teams borrowing now; by class, any team may lose.
-                ledger = self.ledger.team
-                borrowing = team != job.team and ledger.get(team, 0.0) > guaranteed(team) + _EPS
+                borrowing = team != job.team and kept.get(team, 0.0) > guaranteed(team) + _EPS
                 return by_priority or borrowing
 
             rule = (c.rank, ("r" if reclaim else "") + ("p" if by_priority else ""))
             choice = self.preemptor.choose(
-                c.pools,
-                job.team,
-                c.minimum,
-                eligible,
-                self.ledger.team,
-                rule=rule,
-                team_may=team_may,
+                c.pools, job.team, c.minimum, eligible, kept, rule=rule, team_may=team_may
             )
             if choice is None:
                 return False
@@ -697,7 +709,8 @@ class _Cycle:
         for victim in victims:
             why = "reclaim" if reclaim and victim.team != job.team else "priority"
             self.preempt.append(Preempt(victim.run.job.id, why, for_job_id=job.id))
-            self.ledger.team[victim.team] = self.ledger.team.get(victim.team, 0.0) - victim.units
+            # Still held (and charged to its team and member) through its grace period.
+            self.ledger.stop(victim.team, victim.units)
         self.ledger.add(job, needs)
         numbers: dict[str, float | str] = {
             "victims": len(victims),

@@ -10,7 +10,15 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 from services import require_service
+
+# Property tests are deterministic by default (`make test`, CI): the same examples every run,
+# so a failure is reproducible and no run passes by luck. `make test-deep` hunts with random
+# seeds and ten times the examples (HYPOTHESIS_PROFILE=deep).
+hypothesis_settings.register_profile("ci", derandomize=True, max_examples=400, deadline=None)
+hypothesis_settings.register_profile("deep", derandomize=False, max_examples=4000, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture

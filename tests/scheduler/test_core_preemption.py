@@ -60,6 +60,38 @@ def test_reclaim_skips_jobs_that_may_not_or_need_not_be_victims(
     assert codes(decisions) == {"a1": "WAITING_FOR_PREEMPTION"}
 
 
+@pytest.mark.parametrize(
+    "limits",
+    [{"limit": 4.0}, {"member_limit": 4.0}],
+    ids=["team-limit", "member-limit"],
+)
+def test_a_victim_keeps_its_units_charged_through_its_grace_period(
+    limits: dict[str, float],
+) -> None:
+    # b holds 4 GPUs, its limit. a reclaims two of them; until they have stopped b still
+    # holds 4, so its next job may not take n1's free GPU in the same pass (it would hold 5).
+    teams = [Team("a", guaranteed=2.0), Team("b", guaranteed=0.0, **limits)]
+    pending = [job("a1", count=2), job("b5", "b", at=1.0)]
+    snap = snapshot(
+        [whole_node("n0"), whole_node("n1", gpus=1)], pending, _team_b_fills_n0(), teams
+    )
+    decisions = decide(snap)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preempt] == [("b3", "a1"), ("b2", "a1")]
+    assert decisions.assign == ()
+    code = "QUOTA_LIMIT" if "limit" in limits else "MEMBER_LIMIT"
+    assert codes(decisions) == {"a1": "WAITING_FOR_PREEMPTION", "b5": code}
+
+
+def test_victims_in_their_grace_period_still_count_against_the_limit() -> None:
+    # The next pass, while b3 and b2 stop: same answer.
+    held = _team_b_fills_n0(b3={"preempting_since": 995.0}, b2={"preempting_since": 995.0})
+    teams = [Team("a", guaranteed=2.0), Team("b", guaranteed=0.0, limit=4.0)]
+    pending = [job("a1", count=2), job("b5", "b", at=1.0)]
+    decisions = decide(snapshot([whole_node("n0"), whole_node("n1", gpus=1)], pending, held, teams))
+    assert decisions.assign == () and decisions.preempt == ()
+    assert codes(decisions) == {"a1": "WAITING_FOR_PREEMPTION", "b5": "QUOTA_LIMIT"}
+
+
 def test_a_victim_in_its_grace_period_is_not_preempted_again() -> None:
     held = _team_b_fills_n0(b3={"preempting_since": 995.0}, b2={"preempting_since": 995.0})
     decisions = decide(snapshot([whole_node("n0")], [job("a1", count=2)], held, TEAMS))

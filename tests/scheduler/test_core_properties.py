@@ -135,7 +135,8 @@ configs = st.builds(
     max_reservations=st.integers(0, 2),
 )
 
-PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Examples and seeds come from the profile (tests/conftest.py): `ci` (fixed), `deep` (hunting).
+PROPERTY = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _slices(snap: Snapshot) -> dict[str, Slice]:
