@@ -4,9 +4,11 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# Re-installs only when pyproject.toml is newer than the last install (the code itself is
-# installed in editable mode, so edits need no re-install).
+# Re-installs only when a pyproject.toml is newer than the last install (the code itself is
+# installed in editable mode, so edits need no re-install). The Python client and its
+# `gpu-portal` CLI are their own package (clients/python), installed beside the portal.
 INSTALLED := $(VENV)/.portal-installed
+CLIENT := clients/python
 # Extra arguments: `make run ARGS="--port 9000 --agents 2"`, `make test PYTEST_ARGS="-k e2e"`.
 ARGS ?=
 PYTEST_ARGS ?=
@@ -28,9 +30,9 @@ help:
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(INSTALLED): pyproject.toml | $(PY)
-	@echo "installing the portal and its dev tools into $(VENV) ..."
-	$(PY) -m pip install --disable-pip-version-check --quiet -e '.[dev]'
+$(INSTALLED): pyproject.toml $(CLIENT)/pyproject.toml | $(PY)
+	@echo "installing the portal, its client and its dev tools into $(VENV) ..."
+	$(PY) -m pip install --disable-pip-version-check --quiet -e '.[dev]' -e ./$(CLIENT)
 	@touch $@
 
 install: $(INSTALLED)

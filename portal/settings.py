@@ -77,6 +77,14 @@ try:
     JOB_MAX_RETRIES = env_int("PORTAL_JOB_MAX_RETRIES", 3, minimum=0)
     # Largest request one job may make, in slices (protects the queue from typos like 800).
     JOB_MAX_GPU_COUNT = env_int("PORTAL_JOB_MAX_GPU_COUNT", 64, minimum=1)
+    # A job's container limits on a node, per GPU unit it holds there (a whole GPU is 1, a
+    # 1g MIG slice 1/7), and its process limit; each host's agent refuses more than its own
+    # policy file allows (docs/agent.md, "Container policy").
+    JOB_MEMORY_MB_PER_UNIT = env_int("PORTAL_JOB_MEMORY_MB_PER_UNIT", 16_384, minimum=64)
+    JOB_CPUS_PER_UNIT = env_float("PORTAL_JOB_CPUS_PER_UNIT", 4.0, minimum=0.01)
+    JOB_PIDS_LIMIT = env_int("PORTAL_JOB_PIDS_LIMIT", 4096, minimum=16)
+    # Every team's containers get a read-only root filesystem (a team may also ask for it).
+    JOB_READ_ONLY_ROOTFS = env_bool("PORTAL_JOB_READ_ONLY_ROOTFS", False)
     # Seconds a stopped job gets between SIGTERM and SIGKILL.
     STOP_GRACE_S = env_float("PORTAL_STOP_GRACE_S", 10.0, minimum=0.0)
     # Half-life of fair-share usage, in seconds (default 7 days).
@@ -253,9 +261,10 @@ try:
     # A job ASSIGNED this long that never started gets its node asked about it (a `query`);
     # the node's answer that it has no record of it requeues it.
     LAUNCH_TIMEOUT_S = env_float("PORTAL_LAUNCH_TIMEOUT_S", 300.0, minimum=1.0)
-    # A held attempt its node's heartbeat does not mention, assigned longer ago than this
-    # before the heartbeat was sent (its launch may still be on its way), gets a `query`,
-    # repeated at most every PORTAL_QUERY_RESEND_S. Never a loss by itself.
+    # A started attempt its node's heartbeat does not mention, started longer ago than this
+    # before the heartbeat was sent, gets a `query`, repeated at most every
+    # PORTAL_QUERY_RESEND_S. Never a loss by itself. (An attempt not yet started is asked
+    # about only after PORTAL_LAUNCH_TIMEOUT_S: its launch may still be on its way.)
     RECONCILE_GRACE_S = env_float("PORTAL_RECONCILE_GRACE_S", 10.0, minimum=0.0)
     QUERY_RESEND_S = env_float("PORTAL_QUERY_RESEND_S", 10.0, minimum=0.5)
     # A pass asked for by a trigger is skipped when another pass took its snapshot after

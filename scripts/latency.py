@@ -26,10 +26,8 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 
 from portal_client import GpuRequest, PortalClient, PortalError
@@ -47,7 +45,7 @@ def main() -> int:
             sys.stderr.write("latency: give --url and --token (or PORTAL_TOKEN), or --start\n")
             return 2
         return measure(args.url, args.token, args)
-    except (PortalError, TimeoutError, urllib.error.URLError) as error:
+    except PortalError as error:  # refused, unreachable, or a wait that timed out
         sys.stderr.write(f"latency: {error}\n")
         return 1
 
@@ -95,28 +93,20 @@ def measure(url: str, token: str, args: argparse.Namespace) -> int:
             gpu=gpu,
         )
         # Polled often so the next job follows at once; the figure comes from its timestamps.
-        done = portal.wait(job["id"], timeout=agent_ready_s if number == 0 else 60, poll=0.05)
-        if done["state"] != "SUCCEEDED":
-            sys.stderr.write(f"latency: job {job['id']} ended {done['state']}: {done}\n")
+        done = job.wait(timeout=agent_ready_s if number == 0 else 60, poll=0.05, progress=False)
+        if not done.succeeded:
+            sys.stderr.write(f"latency: job {job.id} ended {done.state}: {done.data}\n")
             return 1
-        if not done.get("started_at"):
-            sys.stderr.write(f"latency: job {job['id']} has no started_at: {done}\n")
+        if done.started_at is None or done.submitted_at is None:
+            sys.stderr.write(f"latency: job {job.id} has no started_at: {done.data}\n")
             return 1
-        latency = seconds_between(done["submitted_at"], done["started_at"])
+        latency = (done.started_at - done.submitted_at).total_seconds()
         if number == 0:
             continue
         latencies.append(latency)
-        print(f"job {job['id']:>5}: submit -> RUNNING {latency * 1000:7.0f} ms", flush=True)
+        print(f"job {job.id:>5}: submit -> RUNNING {latency * 1000:7.0f} ms", flush=True)
     report(latencies)
     return 0
-
-
-def seconds_between(start: str, end: str) -> float:
-    return (parse_time(end) - parse_time(start)).total_seconds()
-
-
-def parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 def report(latencies: list[float]) -> None:

@@ -101,6 +101,10 @@ Send = Callable[[Message], None]
 HEARTBEAT_FINISHED_MAX = 500
 # Reports re-sent per resend round at most (the rest wait for the next round).
 RESEND_BATCH = 2_000
+# A report still unacknowledged is sent again after resend_s, then after twice as long each
+# time, up to this: a control plane that is slow (a backlog) is not buried under copies of
+# what it has not yet read, which would only lengthen the backlog.
+RESEND_MAX_S = 60.0
 # Ended attempts stay in the journal this long (longer than any message may live).
 JOURNAL_KEEP_S = 4 * DEFAULT_MAX_SKEW_S
 JOURNAL_PRUNE_EVERY_S = 60.0
@@ -238,7 +242,8 @@ class Agent:
         )
         self._heartbeat_seq = 0
         self._pruned_at = float("-inf")
-        self._last_sent: dict[tuple[str, int, int, int], float] = {}
+        # Per unacknowledged report: when it was last sent, and how many times so far.
+        self._last_sent: dict[tuple[str, int, int, int], tuple[float, int]] = {}
         self._send_lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -309,18 +314,30 @@ class Agent:
             log.warning("could not send %s (kept for a resend): %s", message.TYPE, error)
             return False
         if not isinstance(message, (Heartbeat, Metrics)):
+            rid = report_id(message)  # type: ignore[arg-type]
             with self._send_lock:
-                self._last_sent[report_id(message)] = time.monotonic()  # type: ignore[arg-type]
+                _, times = self._last_sent.get(rid, (0.0, 0))
+                self._last_sent[rid] = (time.monotonic(), times + 1)
         return True
 
+    def resend_due(self, rid: tuple[str, int, int, int], now: float) -> bool:
+        """Whether an unacknowledged report is due again: resend_s after its first send,
+        then twice as long after each resend, up to RESEND_MAX_S."""
+        with self._send_lock:
+            sent = self._last_sent.get(rid)
+        if sent is None:
+            return True
+        last, times = sent
+        backoff: float = self.resend_s * 2.0 ** max(0, times - 1)
+        wait = min(backoff, max(self.resend_s, RESEND_MAX_S))
+        return now - last >= wait
+
     def resend_pending(self) -> int:
-        """Send again every unacknowledged report last sent more than resend_s ago."""
+        """Send again every unacknowledged report that is due (see `resend_due`)."""
         now = time.monotonic()
         sent = 0
         for report in self.outbox.pending():
-            with self._send_lock:
-                last = self._last_sent.get(report_id(report))
-            if last is not None and now - last < self.resend_s:
+            if not self.resend_due(report_id(report), now):
                 continue
             if not self._transmit(report):
                 break  # the broker is away: the next round tries again
@@ -461,8 +478,9 @@ def build_launcher(settings: AgentSettings) -> Launcher:
             return DockerLauncher(
                 node=settings.node,
                 mps_root=settings.mps_root,
-                network=settings.docker_network,
-                workdir=settings.workdir,  # where the watchdog leaves its fence markers
+                # Fence markers (the watchdog's) and the jobs' scratch directories.
+                workdir=settings.workdir,
+                policy=settings.container_policy,
             )
         except DockerException as exc:
             raise SettingsError(

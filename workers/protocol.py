@@ -83,6 +83,12 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# A Docker network a job's container may join (never `host`, never `container:<id>`).
+NETWORK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+NO_NETWORK = "none"
+# Networks no policy may name: the host's own network stack (the broker, the database, the
+# cloud's metadata service) is what `none` keeps jobs away from.
+FORBIDDEN_NETWORKS = frozenset({"host"})
 
 JobId = Annotated[int, Meta(gt=0)]
 AttemptNo = Annotated[int, Meta(ge=0)]
@@ -244,6 +250,31 @@ class ReportKey(_Record, frozen=True, kw_only=True):
         return (self.kind, self.job_id, self.attempt, self.seq)
 
 
+class ContainerPolicy(_Record, frozen=True, kw_only=True):
+    """How the job's container is confined, as the portal asks it (Docker launcher).
+
+    Every default is the safe one. `memory_mb`, `cpus` and `pids_limit` are the container's
+    limits (null: the host's maximum); `network` is `none` unless the job's team is allowed a
+    named network; `read_only_rootfs` makes the image's filesystem read-only (the job writes
+    to /scratch); `image_prefixes` is the team's image allow-list (empty: any image). The agent
+    checks all of it against its host's own policy file, which wins (docs/agent.md).
+    """
+
+    memory_mb: Annotated[int, Meta(gt=0, le=2**40)] | None = None
+    cpus: Annotated[float, Meta(ge=0.01, le=4096)] | None = None
+    pids_limit: Annotated[int, Meta(gt=0, le=2**22)] | None = None
+    network: Annotated[str, Meta(pattern=NETWORK_NAME_PATTERN)] = NO_NETWORK
+    read_only_rootfs: bool = False
+    image_prefixes: tuple[NonEmpty, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require(
+            self.network not in FORBIDDEN_NETWORKS,
+            "network",
+            f"{self.network!r} is never allowed for a job; use 'none' or a network made for jobs",
+        )
+
+
 # --- control -> agent -----------------------------------------------------------------------
 
 
@@ -251,7 +282,7 @@ class Launch(_Message, frozen=True, tag="launch", kw_only=True):
     """Start attempt `attempt` of job `job_id` on `node`, on exactly `devices`. `env` is what
     the user asked for; the agent's slice variables (CUDA_VISIBLE_DEVICES, ...) win over it.
     The attempt number is a fencing token: an agent that saw a newer attempt of the job
-    refuses this one."""
+    refuses this one. `policy` is how its container is confined (the agent's host file wins)."""
 
     TYPE: ClassVar[str] = "launch"
 
@@ -266,6 +297,8 @@ class Launch(_Message, frozen=True, tag="launch", kw_only=True):
     env: dict[str, str]
     devices: Annotated[tuple[Device, ...], Meta(min_length=1)]
     time_limit_s: Annotated[float, Meta(gt=0, le=1e9)] | None = None
+    # Optional, so a launch without it stays valid: the safe defaults apply.
+    policy: ContainerPolicy = ContainerPolicy()
 
     def _check(self) -> None:
         for key in self.env:

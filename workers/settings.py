@@ -14,6 +14,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from workers.inventory import GPU_SOURCES
+from workers.limits import MIN_MEMORY_BYTES, NO_LIMITS, AddressSpace, JobLimits
+from workers.policy import POLICY_FILE_VARIABLE, HostPolicy, host_size, load_host_policy
 from workers.signing import key_from_text
 
 LAUNCHERS = ("process", "docker")
@@ -25,6 +27,13 @@ DEFAULT_JOB_UIDS = (61000, 61999)
 JOB_NETWORKS = ("auto", "none", "host")
 JOB_UIDS = re.compile(r"^(\d+)(?:-(\d+))?$")
 MAX_UID = 2**32 - 2  # (uid_t)-1 means "no change" to setresuid
+# Process jobs' limits (docs/agent.md, "Process launcher"): a cgroup v2 per job where one can
+# be made (auto), always (require: the agent does not start without), or never (off).
+CGROUP_CHOICES = ("auto", "require", "off")
+# A job whose image the process launcher cannot honour: a note in its log, or refused.
+PROCESS_IMAGE_CHOICES = ("note", "refuse")
+DEFAULT_JOB_NPROC = 4096
+MIB = 1024 * 1024
 
 
 class SettingsError(ValueError):
@@ -43,7 +52,6 @@ class AgentSettings:
     inventory: str | None
     mps_shares: str | None
     kill_grace_s: float
-    docker_network: str | None
     concurrency: int
     # Exactly once and trust (docs/agent.md, "Leases and fencing").
     key: bytes
@@ -56,6 +64,16 @@ class AgentSettings:
     var_dir: Path = Path(".var")
     job_uids: tuple[int, int] | None = DEFAULT_JOB_UIDS
     job_network: str = "auto"
+    # ... the most each process job may use, and what becomes of a job's image there.
+    job_limits: JobLimits = NO_LIMITS
+    job_address_space: AddressSpace = "auto"
+    job_cgroup: str = "off"
+    job_cgroup_root: Path | None = None
+    process_images: str = "note"
+    process_host_images: tuple[str, ...] = ()
+    # The Docker launcher's container policy (docs/agent.md, "Container policy"); None: the
+    # built-in one.
+    container_policy: HostPolicy | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -82,8 +100,6 @@ class AgentSettings:
             inventory=get("PORTAL_AGENT_INVENTORY"),
             mps_shares=get("PORTAL_AGENT_MPS"),
             kill_grace_s=_positive(get, "PORTAL_AGENT_KILL_GRACE_S", 10.0),
-            # Jobs never reach the broker or the database: no network unless the operator names one.
-            docker_network=get("PORTAL_AGENT_DOCKER_NETWORK") or "none",
             concurrency=int(_positive(get, "PORTAL_AGENT_CONCURRENCY", 4, integer=True)),
             key=_node_key(get),
             fence_fraction=_fraction(get, "PORTAL_AGENT_FENCE_FRACTION", 0.5),
@@ -96,7 +112,40 @@ class AgentSettings:
             var_dir=var_dir.resolve(),
             job_uids=job_uids_from(get("PORTAL_AGENT_JOB_UIDS")),
             job_network=_choice(get, "PORTAL_AGENT_JOB_NETWORK", JOB_NETWORKS),
+            job_limits=JobLimits(
+                memory_bytes=_memory(get, "PORTAL_AGENT_JOB_MEMORY_MB", default_job_memory()),
+                nproc=_count_or_max(get, "PORTAL_AGENT_JOB_NPROC", DEFAULT_JOB_NPROC),
+                cpus=_cpus(get, "PORTAL_AGENT_JOB_CPUS"),
+            ),
+            job_address_space=_address_space(get, "PORTAL_AGENT_JOB_ADDRESS_SPACE_MB"),
+            job_cgroup=_choice(get, "PORTAL_AGENT_JOB_CGROUP", CGROUP_CHOICES),
+            job_cgroup_root=_absolute_path(get, "PORTAL_AGENT_JOB_CGROUP_ROOT"),
+            process_images=_choice(get, "PORTAL_AGENT_PROCESS_IMAGES", PROCESS_IMAGE_CHOICES),
+            process_host_images=tuple(
+                name.strip()
+                for name in (get("PORTAL_AGENT_PROCESS_HOST_IMAGES") or "").split(",")
+                if name.strip()
+            ),
+            container_policy=_container_policy(get),
         )
+
+
+def _container_policy(get: Getter) -> HostPolicy:
+    """This host's container policy file (JSON), or the built-in maximums when unset."""
+    network = get("PORTAL_AGENT_DOCKER_NETWORK")
+    if network not in (None, "none"):
+        # Jobs never reach the broker or the database: a network is the team's to be allowed,
+        # and the host's to allow, never every job's at once.
+        raise SettingsError(
+            f"PORTAL_AGENT_DOCKER_NETWORK: only 'none' is accepted; got {network!r}. List the "
+            f"networks jobs may join in {POLICY_FILE_VARIABLE} (`networks`) and allow a team "
+            "one (its job network)"
+        )
+    path = get(POLICY_FILE_VARIABLE)
+    try:
+        return load_host_policy(Path(path) if path else None)
+    except ValueError as error:
+        raise SettingsError(f"{POLICY_FILE_VARIABLE}: {error}") from None
 
 
 def _node_key(get: Getter) -> bytes:
@@ -156,6 +205,71 @@ def job_uids_from(raw: str | None) -> tuple[int, int] | None:
     return first, last
 
 
+def default_job_memory() -> int:
+    """The most one process job may use unless the operator says: 3/4 of the host's memory,
+    so one runaway job is stopped before the host's own OOM killer picks among everything
+    (the agent included)."""
+    memory_mb, _ = host_size()
+    return memory_mb * 3 // 4 * MIB
+
+
+def _memory(get: Getter, name: str, default: int | None) -> int | None:
+    """MiB (at least 64) as bytes, or `max` (None: no limit)."""
+    raw = get(name)
+    if raw is None:
+        return default
+    if raw == "max":
+        return None
+    floor = MIN_MEMORY_BYTES // MIB
+    if not raw.isdigit() or int(raw) < floor:
+        raise SettingsError(
+            f"{name}: must be a number of MiB, at least {floor}, or max; got {raw!r}"
+        )
+    return int(raw) * MIB
+
+
+def _address_space(get: Getter, name: str) -> AddressSpace:
+    raw = get(name)
+    if raw is None or raw == "auto":
+        return "auto"
+    if raw == "max":
+        return "max"
+    floor = MIN_MEMORY_BYTES // MIB
+    if not raw.isdigit() or int(raw) < floor:
+        raise SettingsError(
+            f"{name}: must be auto, max or a number of MiB, at least {floor}; got {raw!r}"
+        )
+    return int(raw) * MIB
+
+
+def _count_or_max(get: Getter, name: str, default: int) -> int | None:
+    if get(name) == "max":
+        return None
+    return int(_positive(get, name, default, integer=True, or_max=True))
+
+
+def _cpus(get: Getter, name: str) -> float | None:
+    raw = get(name)
+    if raw is None or raw == "max":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not 0.01 <= value <= 1e6:
+        raise SettingsError(f"{name}: must be a number of CPUs (e.g. 2 or 0.5) or max; got {raw!r}")
+    return value
+
+
+def _absolute_path(get: Getter, name: str) -> Path | None:
+    raw = get(name)
+    if raw is None:
+        return None
+    if not raw.startswith("/"):
+        raise SettingsError(f"{name}: must be an absolute path; got {raw!r}")
+    return Path(raw)
+
+
 def _choice(get: Getter, name: str, allowed: tuple[str, ...]) -> str:
     value = get(name) or allowed[0]
     if value not in allowed:
@@ -163,11 +277,14 @@ def _choice(get: Getter, name: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def _positive(get: Getter, name: str, default: float, *, integer: bool = False) -> float:
+def _positive(
+    get: Getter, name: str, default: float, *, integer: bool = False, or_max: bool = False
+) -> float:
     raw = get(name)
     if raw is None:
         return default
     kind = "a positive whole number" if integer else "a positive number of seconds"
+    kind += " or max" if or_max else ""
     try:
         value = int(raw) if integer else float(raw)
     except ValueError:

@@ -25,8 +25,13 @@ job cannot outlive the agent's claim to run it:
 - **Isolation.** Before the job starts the shim unshares the network namespace (as root; else a
   user and network namespace) and the job then runs with the uid and gid the launcher chose,
   with no supplementary groups. The shim itself stays the agent's user, out of the job's reach.
+- **Limits.** The shim makes the job's cgroup (when the launcher found cgroup v2 usable) and
+  forks the job under its rlimits and inside its cgroup (`workers.limits.spawn_limits`), so the
+  job never runs a moment unlimited. When the job ends it kills the whole cgroup, records how
+  many processes the OOM killer ended (in the exit record) and removes it.
 
-Wire protocol on the socket (one line each): the agent sends a JSON request (`command`, `env`);
+Wire protocol on the socket (one line each): the agent sends a JSON request (`command`, `env`,
+and the limits: `address_space`, `nproc`, `cgroup` with its `path`, `mount` and `values`);
 the shim answers `started <pid>` or `error <message>`; after that the agent may send `stop <s>`
 or `kill`. The shim's exit status is the job's (128 + n for a signal n). Its stdout and stderr
 are the job's output pipe, so its few notes reach the job's log.
@@ -52,6 +57,16 @@ from typing import Any
 
 from workers.launch import LEASE_LAPSED_TEXT
 from workers.lease import read_lease
+from workers.limits import (
+    create_cgroup,
+    kill_cgroup,
+    nproc_limit,
+    oom_kills,
+    own_cgroup,
+    remove_cgroup,
+    spawn_limits,
+    tasks_of,
+)
 
 LEASE_CHECK_S = 0.5
 REQUEST_TIMEOUT_S = 30.0
@@ -147,16 +162,17 @@ def read_record(attempt_dir: Path) -> dict[str, int]:
     return {k: v for k, v in data.items() if isinstance(v, int) and not isinstance(v, bool)}
 
 
-def write_exit(attempt_dir: Path, code: int, *, stopped: bool) -> None:
+def write_exit(attempt_dir: Path, code: int, *, stopped: bool, oom_kills: int = 0) -> None:
     """Record how the job ended, once (the first record stands), durably: a restarted agent
     reads it to report the job's own result instead of losing it. `stopped`: a stop signal
-    (the agent's, the lease fence's, the agent's death) reached the job while it ran."""
+    (the agent's, the lease fence's, the agent's death) reached the job while it ran.
+    `oom_kills`: processes of the job the kernel's OOM killer ended (its cgroup's count)."""
     final = attempt_dir / EXIT_FILE
     if final.exists():
         return
     fd, tmp = tempfile.mkstemp(dir=attempt_dir, prefix=".exit-", suffix=".tmp")
     with os.fdopen(fd, "w") as out:
-        json.dump({"code": code, "stopped": stopped}, out)
+        json.dump({"code": code, "stopped": stopped, "oom_kills": oom_kills}, out)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, final)
@@ -176,6 +192,15 @@ def read_exit(attempt_dir: Path) -> tuple[int, bool] | None:
         return int(data["code"]), bool(data["stopped"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def read_oom_kills(attempt_dir: Path) -> int:
+    """How many of the job's processes the OOM killer ended, as the shim recorded it (0 when
+    it did not record it, or the job had no cgroup)."""
+    try:
+        return int(json.loads((attempt_dir / EXIT_FILE).read_text()).get("oom_kills", 0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def process_is(pid: int | None, started: int | None) -> bool:
@@ -233,6 +258,8 @@ class Shim:
         # A stop signal reached the job while it ran. A job that ended on its own before any
         # did keeps its own result, even when a stop was asked for at the same moment.
         self.stopped = False
+        self.cgroup: Path | None = None  # the job's, while it exists
+        self.oom_kills = 0
 
     # Setup ------------------------------------------------------------------------------------
 
@@ -251,6 +278,8 @@ class Shim:
                     ) from None
             self.job = self._spawn(request)
         except ShimError as exc:
+            if self.cgroup is not None:
+                remove_cgroup(self.cgroup)
             self._reply(f"error {exc}")
             return 1
         assert self.job is not None
@@ -288,32 +317,75 @@ class Shim:
         if lease is None or lease.expired(now):
             raise ShimError(f"{LEASE_LAPSED_TEXT}: not starting ({self._why(now)})")
 
+    def _job_rlimits(self, request: dict[str, Any]) -> dict[str, int]:
+        rlimits: dict[str, int] = {}
+        if request.get("address_space"):
+            rlimits["AS"] = int(request["address_space"])
+        if request.get("nproc"):
+            own_uid = self.uid is not None and self.uid != os.getuid()
+            nproc = nproc_limit(int(request["nproc"]), own_uid=own_uid, tasks_of=tasks_of)
+            if nproc is not None:
+                rlimits["NPROC"] = nproc
+        return rlimits
+
+    def _make_cgroup(self, request: dict[str, Any]) -> tuple[Path, Path] | None:
+        """The job's cgroup, made now, and the shim's own (to return to): None without one."""
+        spec = request.get("cgroup")
+        if not spec:
+            return None
+        path, mount = Path(spec["path"]), Path(spec["mount"])
+        try:
+            home = own_cgroup(mount)
+            create_cgroup(path, {str(k): str(v) for k, v in spec["values"].items()})
+        except OSError as exc:
+            raise ShimError(f"cannot make the job's cgroup {path}: {exc}") from None
+        self.cgroup = path
+        return path, home
+
     def _spawn(self, request: dict[str, Any]) -> subprocess.Popen[bytes]:
         command = [str(part) for part in request["command"]]
         env = {str(k): str(v) for k, v in request["env"].items()}
         switch: dict[str, Any] = {}
         if self.uid is not None and self.gid is not None:
             switch = {"user": self.uid, "group": self.gid, "extra_groups": []}
+        rlimits = self._job_rlimits(request)
+        cgroup, home = self._make_cgroup(request) or (None, None)
+        job: subprocess.Popen[bytes] | None = None
         try:
-            return subprocess.Popen(
-                command,
-                env=env,
-                cwd=self.work_dir,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # own session and process group: a stop reaches all
-                **switch,
-            )
-        except OSError as exc:
-            if exc.filename == str(self.work_dir):
-                raise ShimError(
-                    f"cannot enter the work directory {self.work_dir}: {exc.strerror}"
-                ) from None
-            if isinstance(exc, FileNotFoundError):
-                raise ShimError(f"command not found: {command[0]}") from None
-            if isinstance(exc, PermissionError):
-                by = f" by the job's uid {self.uid}" if self.uid is not None else ""
-                raise ShimError(f"command is not executable{by}: {command[0]}") from None
-            raise ShimError(f"cannot start {command[0]}: {exc.strerror}") from None
+            with spawn_limits(rlimits=rlimits, cgroup=cgroup, home=home):
+                try:
+                    job = subprocess.Popen(
+                        command,
+                        env=env,
+                        cwd=self.work_dir,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,  # own session and group: a stop reaches all
+                        **switch,
+                    )
+                except OSError as exc:
+                    raise self._start_error(exc, command) from None
+        except MemoryError:
+            raise ShimError(
+                f"the job's address space limit ({rlimits.get('AS')} bytes) is too small to "
+                "start it"
+            ) from None
+        except OSError as exc:  # moving into or out of the cgroup, an rlimit refused
+            if job is not None:
+                kill_group(job.pid, signal.SIGKILL)
+                job.wait()
+            raise ShimError(f"cannot put the job under its limits: {exc}") from None
+        assert job is not None
+        return job
+
+    def _start_error(self, exc: OSError, command: list[str]) -> ShimError:
+        if exc.filename == str(self.work_dir):
+            return ShimError(f"cannot enter the work directory {self.work_dir}: {exc.strerror}")
+        if isinstance(exc, FileNotFoundError):
+            return ShimError(f"command not found: {command[0]}")
+        if isinstance(exc, PermissionError):
+            by = f" by the job's uid {self.uid}" if self.uid is not None else ""
+            return ShimError(f"command is not executable{by}: {command[0]}")
+        return ShimError(f"cannot start {command[0]}: {exc.strerror}")
 
     def _reply(self, line: str) -> None:
         with contextlib.suppress(OSError):
@@ -394,6 +466,10 @@ class Shim:
         """The agent died (lifeline closed) or the shim was told to go: nothing may keep
         running in the job's name. A job that had already ended keeps its own result in the
         exit record, for the restarted agent to report."""
+        # Once only: the agent's death closes the lifeline and sends PDEATHSIG's SIGTERM at
+        # nearly the same moment. A second run, entered by the signal after the first had
+        # reaped the job, would find no status left and record exit code 0.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.job is None:
             os._exit(1)  # nothing started yet
         ended = self._exit_status()
@@ -407,7 +483,7 @@ class Shim:
             os.waitpid(self.job.pid, 0)
         code = 128 + signal.SIGKILL if ended is None else ended
         with contextlib.suppress(OSError):
-            write_exit(self.attempt_dir, code, stopped=self.stopped)
+            write_exit(self.attempt_dir, code, stopped=self.stopped, oom_kills=self.oom_kills)
         os._exit(code)
 
     def _job_ended(self) -> int:
@@ -419,7 +495,7 @@ class Shim:
         self.job.wait()
         code = 0 if code is None else code
         with contextlib.suppress(OSError):
-            write_exit(self.attempt_dir, code, stopped=self.stopped)
+            write_exit(self.attempt_dir, code, stopped=self.stopped, oom_kills=self.oom_kills)
         return code
 
     def _exit_status(self) -> int | None:
@@ -449,6 +525,13 @@ class Shim:
         kill_group(self.job.pid, sig)
 
     def _cleanup(self) -> None:
+        if self.cgroup is not None:
+            # Everything the job started, whatever its uid or process group: at once.
+            with contextlib.suppress(OSError):
+                kill_cgroup(self.cgroup)
+            self.oom_kills = oom_kills(self.cgroup)
+            if remove_cgroup(self.cgroup):
+                self.cgroup = None
         if self.uid is not None:
             kill_uid(self.uid)
             # The attempt is over: no other job uid may enter its files from now on.
@@ -505,5 +588,14 @@ def main(argv: list[str] | None = None) -> int:
     return Shim(args).run()
 
 
+def exit_with(code: int) -> None:
+    """Exit with the job's status. Not sys.exit(): if nobody reads the output pipe any more,
+    flushing a note still buffered for it at exit would fail and turn the status into 120."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -461,6 +461,10 @@ class Supervisor:
             shipper.text(
                 f"[agent] ignored env set by the agent for the slice: {', '.join(dropped)}\n"
             )
+        if log_from == 0:
+            # What the launcher did not do as asked (the process launcher: the image).
+            for note in getattr(run, "notes", ()):
+                shipper.text(str(note))
         reader = threading.Thread(target=self._read_output, args=(run, shipper), daemon=True)
         reader.start()
         exit_code = run.wait()

@@ -10,6 +10,7 @@ raised: the database already holds the decision, and the reaper repairs the mess
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -34,6 +35,7 @@ from workers.protocol import (
     TASK_QUERY,
     TASK_STOP,
     Ack,
+    ContainerPolicy,
     Device,
     Launch,
     Message,
@@ -76,6 +78,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         )
     }
     devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
+    units: dict[tuple[int, str], float] = defaultdict(float)  # GPU units per (job, node)
     allocations = (
         Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
         .select_related("slice__gpu__node")
@@ -87,6 +90,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
             continue
         node = allocation.slice.gpu.node.name
         devices[job.pk][node].append(device_of(allocation))
+        units[job.pk, node] += allocation.slice.units
     sent = 0
     launched: list[tuple[int, int]] = []
     keys = node_keys({node for by_node in devices.values() for node in by_node})
@@ -98,7 +102,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         ok = False
         for node, node_devices in by_node.items():
             try:
-                message = launch_message(job, node_devices, node=node)
+                message = launch_message(job, node_devices, node=node, units=units[job.pk, node])
             except ProtocolError as error:
                 _fail_unlaunchable(job, str(error))
                 ok = False
@@ -111,9 +115,9 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     return sent
 
 
-def launch_message(job: Job, devices: Sequence[Device], *, node: str) -> Launch:
-    """The launch of the job's current attempt on ``devices`` of ``node`` (raises
-    ProtocolError if the stored job cannot be expressed as a valid launch)."""
+def launch_message(job: Job, devices: Sequence[Device], *, node: str, units: float) -> Launch:
+    """The launch of the job's current attempt on ``devices`` of ``node``, which hold ``units``
+    GPU units (raises ProtocolError if the stored job cannot be expressed as a valid launch)."""
     message = Launch(
         node=node,
         job_id=job.pk,
@@ -126,9 +130,28 @@ def launch_message(job: Job, devices: Sequence[Device], *, node: str) -> Launch:
         env={str(k): str(v) for k, v in (job.env or {}).items()},
         devices=tuple(devices),
         time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
+        policy=container_policy(job, units=units),
     )
     checked(message)
     return message
+
+
+def container_policy(job: Job, *, units: float) -> ContainerPolicy:
+    """How the job's container is confined on a node where it holds ``units`` GPU units: the
+    operator's limits per unit, the team's network, image allow-list and read-only choice.
+    The node's agent checks it again against its own policy file (docs/agent.md)."""
+    team = job.team
+    # Rounded up, after the float noise of adding unit fractions (7 x 1/7) is rounded away.
+    memory_mb = math.ceil(round(units * settings.JOB_MEMORY_MB_PER_UNIT, 6))
+    cpus = math.ceil(round(units * settings.JOB_CPUS_PER_UNIT * 100, 6)) / 100
+    return ContainerPolicy(
+        memory_mb=max(1, memory_mb),
+        cpus=max(0.01, cpus),
+        pids_limit=settings.JOB_PIDS_LIMIT,
+        network=team.job_network or "none",
+        read_only_rootfs=team.read_only_rootfs or settings.JOB_READ_ONLY_ROOTFS,
+        image_prefixes=team.image_prefixes(),
+    )
 
 
 def device_of(allocation: Allocation) -> Device:

@@ -328,18 +328,21 @@ def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
 
     - A listed attempt with a start time that the portal still has ASSIGNED started (its
       `started` report is late): recorded as started.
-    - A held attempt the heartbeat does not mention (neither running nor finished) is never
-      declared lost for that: the node is asked about it (`query`), at most every
-      PORTAL_QUERY_RESEND_S, and only its answer, or the lease, ends it. An ASSIGNED attempt
-      whose launch may still be on its way (assigned less than PORTAL_RECONCILE_GRACE_S
-      before the heartbeat was sent) is left alone.
+    - A started attempt the heartbeat does not mention (neither running nor finished) is
+      never declared lost for that: the node is asked about it (`query`), at most every
+      PORTAL_QUERY_RESEND_S, and only its answer, or the lease, ends it. One that started
+      less than PORTAL_RECONCILE_GRACE_S before the heartbeat was sent is left alone. An
+      attempt not yet started (ASSIGNED) is the reaper's: its launch is sent again until it
+      starts, and its node is asked only after PORTAL_LAUNCH_TIMEOUT_S. Asking sooner would
+      race the launch still on its way (a backlog, a dropped copy): a `query` that overtakes
+      it makes the node refuse the attempt for good, and the job is requeued for nothing.
     - An attempt it lists that the portal does not give it is told to stop.
     """
     listed = {(r.job_id, r.attempt): r for r in msg.running}
     finished = {(f.job_id, f.attempt) for f in msg.finished}
     held = {
-        pk: (attempt, state, assigned_at)
-        for pk, attempt, state, assigned_at in Job.objects.filter(
+        pk: (attempt, state, started_at or assigned_at)
+        for pk, attempt, state, started_at, assigned_at in Job.objects.filter(
             Q(node=node)
             | Q(
                 allocations__slice__gpu__node=node,
@@ -348,7 +351,7 @@ def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
             ),
             state__in=HOLDING_STATES,
         )
-        .values_list("pk", "attempt", "state", "assigned_at")
+        .values_list("pk", "attempt", "state", "started_at", "assigned_at")
         .distinct()
     }
     for job_id, (attempt, state, _) in held.items():
@@ -364,11 +367,12 @@ def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
     cutoff = msg.sent_at - settings.RECONCILE_GRACE_S
     unmentioned = [
         (job_id, attempt)
-        for job_id, (attempt, _, assigned_at) in held.items()
-        if (job_id, attempt) not in listed
+        for job_id, (attempt, state, started_at) in held.items()
+        if state == S.RUNNING
+        and (job_id, attempt) not in listed
         and (job_id, attempt) not in finished
-        and assigned_at is not None
-        and assigned_at.timestamp() < cutoff
+        and started_at is not None
+        and started_at.timestamp() < cutoff
     ]
     if unmentioned:
         recent = recently_sent(

@@ -101,17 +101,19 @@ class PortalPagination(LimitOffsetPagination):
         if raw is None or raw.strip() == "":
             return int(self.default_limit or settings.API_MAX_LIMIT)
         allowed = f"a whole number from 1 to {settings.API_MAX_LIMIT}"
-        return _whole(raw, name="limit", low=1, high=settings.API_MAX_LIMIT, allowed=allowed)
+        return whole_number(raw, name="limit", low=1, high=settings.API_MAX_LIMIT, allowed=allowed)
 
     def get_offset(self, request: Any) -> int:
         raw = request.query_params.get(self.offset_query_param)
         if raw is None or raw.strip() == "":
             return 0
         allowed = f"a whole number from 0 to {BIGINT_MAX}"
-        return _whole(raw, name="offset", low=0, high=BIGINT_MAX, allowed=allowed)
+        return whole_number(raw, name="offset", low=0, high=BIGINT_MAX, allowed=allowed)
 
 
-def _whole(raw: str, *, name: str, low: int, high: int, allowed: str) -> int:
+def whole_number(raw: str, *, name: str, low: int, high: int, allowed: str) -> int:
+    """A query parameter as a whole number from ``low`` to ``high``; a 400 naming ``name``
+    and ``allowed`` otherwise."""
     text = raw.strip()
     shown = repr(text if len(text) <= 40 else text[:37] + "...")
     # Digits only, and not more than a bigint's: int() of a huge string costs time.

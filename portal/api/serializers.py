@@ -168,7 +168,17 @@ class JobLogSerializer(serializers.Serializer):
     job = serializers.IntegerField()
     attempt = serializers.IntegerField()
     state = serializers.CharField()
-    log = serializers.CharField()
+    log = serializers.CharField(help_text="the whole log, or with ?offset= what follows it")
+    offset = serializers.IntegerField(
+        required=False, help_text="only with ?offset=: the byte offset the text starts at"
+    )
+    next_offset = serializers.IntegerField(
+        required=False, help_text="only with ?offset=: where the next read starts"
+    )
+    ended = serializers.BooleanField(
+        required=False,
+        help_text="only with ?offset=: the attempt is over and its log complete; stop reading",
+    )
 
 
 # --- teams -------------------------------------------------------------------------------
@@ -188,6 +198,18 @@ class TeamOverviewSerializer(serializers.Serializer):
     max_priority = serializers.CharField()
     member_limit_units = serializers.FloatField(allow_null=True)
     budget_gpu_hours = serializers.FloatField(allow_null=True)
+    # The container policy of the team's jobs: read-only here, site admins set it.
+    allowed_image_prefixes = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="images the team may run, as prefixes (docs/agent.md); empty = any image",
+    )
+    job_network = serializers.CharField(
+        read_only=True, help_text="the Docker network its jobs join; empty = no network"
+    )
+    read_only_rootfs = serializers.BooleanField(
+        read_only=True, help_text="its containers' root filesystem is read-only"
+    )
     units_in_use = serializers.FloatField(help_text="GPU units the team's jobs hold now")
     running_jobs = serializers.IntegerField()
     pending_jobs = serializers.IntegerField()

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from portal.api.auth import PortalTokenAuthentication
 from portal.api.errors import api_exception_handler
-from portal.api.guards import PortalJSONParser, check_query_params
+from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
 from portal.api.serializers import (
     ErrorSerializer,
     JobDetailSerializer,
@@ -29,8 +29,14 @@ from portal.api.serializers import (
     TeamOverviewSerializer,
 )
 from portal.jobs.models import Job, JobState
-from portal.jobs.selectors import job_get_for_user, job_list_for_user, job_log, team_overviews
-from portal.jobs.services import job_cancel, job_submit
+from portal.jobs.selectors import (
+    job_get_for_user,
+    job_list_for_user,
+    job_log,
+    job_log_after,
+    team_overviews,
+)
+from portal.jobs.services import job_cancel, job_hold, job_release, job_resubmit, job_submit
 from portal.jobs.validation import validate_job_request
 from portal.tenants.models import Team
 from portal.tenants.selectors import can_admin_team, is_site_admin, teams_for_user
@@ -141,6 +147,54 @@ class JobCancelView(PortalAPIView):
         return Response(_detail(job))
 
 
+def _action_responses(conflict: str, *, ok: int = 200) -> dict[Any, Any]:
+    return {
+        ok: JobDetailSerializer,
+        409: OpenApiResponse(ErrorSerializer, description=conflict),
+        **ERRORS,
+        **FORBIDDEN,
+        **NOT_FOUND,
+    }
+
+
+class JobHoldView(PortalAPIView):
+    @extend_schema(
+        summary="Hold a pending job",
+        description="A PENDING job becomes HELD: the scheduler skips it until it is released.",
+        request=None,
+        responses=_action_responses("the job is not PENDING (the message names its state)"),
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        return Response(_detail(job_hold(job=_job_for(request, job_id), user=request.user)))
+
+
+class JobReleaseView(PortalAPIView):
+    @extend_schema(
+        summary="Release a held job",
+        description="A HELD job goes back to PENDING, at the end of the queue.",
+        request=None,
+        responses=_action_responses("the job is not HELD (the message names its state)"),
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        return Response(_detail(job_release(job=_job_for(request, job_id), user=request.user)))
+
+
+class JobResubmitView(PortalAPIView):
+    @extend_schema(
+        summary="Submit a new job with the request of an ended one",
+        description="The request is checked again like any submit; the answer is the new job.",
+        request=None,
+        responses=_action_responses("the job has not ended (the message names its state)", ok=201),
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        job = job_resubmit(job=_job_for(request, job_id), user=request.user)
+        return Response(
+            _detail(job),
+            status=status.HTTP_201_CREATED,
+            headers={"Location": f"/api/v1/jobs/{job.pk}/"},
+        )
+
+
 class PlainTextRenderer(BaseRenderer):
     """A job's log as text/plain; errors as ``field: message`` lines."""
 
@@ -167,10 +221,17 @@ class JobLogView(PortalAPIView):
         summary="A job's output",
         description="text/plain by default; JSON ({job, attempt, state, log}) with ?format=json "
         "or the header Accept: application/json. The headers X-Job-State and X-Job-Attempt "
-        "tell a poller when to stop.",
+        "tell a poller when to stop. With ?offset=N only the text after byte N, and in the JSON "
+        "offset, next_offset (where the next read starts) and ended (the attempt is over: "
+        "stop reading); in text/plain the headers X-Log-Next-Offset and X-Log-Ended.",
         parameters=[
             OpenApiParameter(
                 "attempt", OpenApiTypes.INT, description="which attempt (default: the latest)"
+            ),
+            OpenApiParameter(
+                "offset",
+                OpenApiTypes.INT,
+                description="only the text after this many bytes (UTF-8) of the log",
             ),
             OpenApiParameter("format", OpenApiTypes.STR, enum=["txt", "json"]),
         ],
@@ -184,13 +245,24 @@ class JobLogView(PortalAPIView):
     def get(self, request: Request, job_id: int) -> Response:
         job = _job_for(request, job_id)
         attempt = _attempt_param(request, job)
-        data = {
-            "job": job.pk,
-            "attempt": attempt,
-            "state": job.state,
-            "log": job_log(job=job, attempt=attempt),
-        }
-        return Response(data, headers={"X-Job-State": job.state, "X-Job-Attempt": str(attempt)})
+        offset = _offset_param(request)
+        headers = {"X-Job-State": job.state, "X-Job-Attempt": str(attempt)}
+        data: dict[str, Any] = {"job": job.pk, "attempt": attempt, "state": job.state}
+        if offset is None:
+            data["log"] = job_log(job=job, attempt=attempt)
+            return Response(data, headers=headers)
+        tail = job_log_after(job=job, attempt=attempt, offset=offset)
+        if offset > tail.next_offset:
+            raise ValidationError(
+                {
+                    "offset": f"{offset} is beyond the {tail.next_offset} bytes of attempt "
+                    f"{attempt}'s log so far; allowed: 0 to {tail.next_offset}"
+                }
+            )
+        data.update(offset=offset, next_offset=tail.next_offset, ended=tail.ended, log=tail.text)
+        headers["X-Log-Next-Offset"] = str(tail.next_offset)
+        headers["X-Log-Ended"] = "true" if tail.ended else "false"
+        return Response(data, headers=headers)
 
 
 class TeamListView(PortalAPIView):
@@ -274,6 +346,14 @@ def _team_param(request: Request) -> str | None:
             {"team": f"{name!r} is not one of your teams; allowed: {', '.join(visible) or 'none'}"}
         )
     return name
+
+
+def _offset_param(request: Request) -> int | None:
+    raw = request.query_params.get("offset", "")
+    if not raw.strip():
+        return None
+    allowed = "a whole number of bytes from 0 (the next_offset of the previous read)"
+    return whole_number(raw, name="offset", low=0, high=BIGINT_MAX, allowed=allowed)
 
 
 def _attempt_param(request: Request, job: Job) -> int:

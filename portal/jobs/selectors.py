@@ -5,15 +5,23 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, Func, IntegerField, Q, QuerySet, Sum
 
 from portal.accounting.models import UsageBalance
 from portal.accounting.selectors import budget_period_start, gpu_hours_in_period
 from portal.accounting.usage import balance_at, hold_charge
-from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobLogChunk, JobState
+from portal.jobs.models import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    Allocation,
+    Job,
+    JobLogChunk,
+    JobState,
+)
 from portal.policy import scheduler_config
 from portal.tenants.models import Membership, Team
 from portal.tenants.selectors import teams_for_user
@@ -54,6 +62,60 @@ def job_log(*, job: Job, attempt: int | None = None) -> str:
         attempt = job.attempt
     chunks = JobLogChunk.objects.filter(job=job, attempt=attempt).order_by("seq")
     return "".join(chunks.values_list("data", flat=True))
+
+
+@dataclass(frozen=True)
+class LogTail:
+    """What a reader that follows a log gets: the text after its offset and where to go on."""
+
+    text: str
+    next_offset: int  # the bytes (UTF-8) of the log counted so far: the next read starts here
+    ended: bool  # the attempt is over: nothing more will be added, the reader can stop
+
+
+class _OctetLength(Func):
+    """A text's length in bytes (UTF-8), counted by the database."""
+
+    function = "OCTET_LENGTH"
+    output_field = IntegerField()
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(
+            compiler, connection, template="LENGTH(CAST(%(expressions)s AS BLOB))", **extra
+        )
+
+
+def job_log_after(*, job: Job, attempt: int, offset: int) -> LogTail:
+    """The output of one attempt of ``job`` after its first ``offset`` bytes, so a reader
+    follows a log without fetching it whole each time (two queries: the chunks' sizes, then
+    the text of those past ``offset``).
+
+    While the attempt runs, only the chunks numbered from 0 without a gap count: reports may
+    be handled out of order, and a chunk that arrives late must not land behind an offset a
+    reader already moved past. Once the attempt is over (the job ended, or went on to a later
+    attempt) every chunk that arrived counts. An ``offset`` beyond the log gives no text and
+    ``next_offset`` smaller than ``offset``.
+    """
+    ended = attempt < job.attempt or job.state in TERMINAL_STATES
+    chunks = JobLogChunk.objects.filter(job=job, attempt=attempt).order_by("seq")
+    sizes = chunks.annotate(size=_OctetLength("data")).values_list("seq", "size")
+    end = skip = 0
+    first_seq: int | None = None
+    last_seq = -1
+    for expected, (seq, size) in enumerate(sizes):
+        if seq != expected and not ended:
+            break
+        if first_seq is None and end + size > offset:
+            first_seq, skip = seq, offset - end
+        end += size
+        last_seq = seq
+    if first_seq is None:
+        return LogTail(text="", next_offset=end, ended=ended)
+    data = "".join(
+        chunks.filter(seq__gte=first_seq, seq__lte=last_seq).values_list("data", flat=True)
+    )
+    # errors="replace": an offset a client chose may cut a character in two.
+    return LogTail(text=data.encode()[skip:].decode(errors="replace"), next_offset=end, ended=ended)
 
 
 def job_slices(*, job: Job) -> list[dict[str, Any]]:
@@ -126,6 +188,9 @@ def team_overviews(*, teams: Iterable[Team]) -> list[dict[str, Any]]:
                 "max_priority": team.max_priority,
                 "member_limit_units": team.member_limit_units,
                 "budget_gpu_hours": team.budget_gpu_hours,
+                "allowed_image_prefixes": list(team.image_prefixes()),
+                "job_network": team.job_network,
+                "read_only_rootfs": team.read_only_rootfs,
                 "units_in_use": round(units_in_use.get(team.pk) or 0.0, 6),
                 "running_jobs": row.get("running", 0),
                 "pending_jobs": row.get("pending", 0),

@@ -1,4 +1,4 @@
-"""Writes about jobs: submit, cancel, hold and release.
+"""Writes about jobs: submit, cancel, hold, release and resubmit.
 
 Every state change goes through ``portal.jobs.transitions.transition`` (a guarded UPDATE plus
 an event). Scheduling never happens here: a submit asks for a pass after commit, and a cancel
@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from portal import agent_messages
 from portal.jobs.attempts import StopAsked, attempt_request_stop
-from portal.jobs.models import HOLDING_STATES, Job, JobDependency, JobState
-from portal.jobs.transitions import record_submission, transition
-from portal.jobs.validation import JobRequest
+from portal.jobs.models import HOLDING_STATES, TERMINAL_STATES, Job, JobDependency, JobState
+from portal.jobs.transitions import record_event, record_submission, transition
+from portal.jobs.validation import JobRequest, validate_job_request
 from portal.passes import schedule_pass_on_commit
 from portal.tenants.models import Membership
 from portal.tenants.selectors import is_site_admin
@@ -73,7 +73,8 @@ def job_submit(*, user: Any, request: JobRequest) -> Job:
             JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
             for dependency in request.depends_on
         )
-        record_submission(job.pk, message=f"submitted by {user.get_username()}", at=now)
+        message = "; ".join((f"submitted by {user.get_username()}", *request.notes))
+        record_submission(job.pk, message=message, at=now)
         schedule_pass_on_commit()
     log.info("job %s submitted by %s to team %s", job.pk, user, request.team.name)
     return job
@@ -185,6 +186,56 @@ def job_release(*, job: Job, user: Any) -> Job:
         schedule_pass_on_commit()
     job.refresh_from_db()
     return job
+
+
+def job_resubmit(*, job: Job, user: Any) -> Job:
+    """Submit a new job with the request of ``job``, which ended, as ``user``.
+
+    The request is checked again like any submit (the team's limits or the user's teams may
+    have changed since); both jobs get an event naming the other.
+    """
+    _check_may_act(job=job, user=user, verb="resubmit")
+    state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+    if state not in TERMINAL_STATES:
+        ended = ", ".join(sorted(TERMINAL_STATES))
+        raise JobActionError(
+            f"job {job.pk} is {state}; only an ended job ({ended}) can be resubmitted"
+        )
+    request = validate_job_request(_request_of(job), user=user)
+    with transaction.atomic():
+        new = job_submit(user=user, request=request)
+        who = user.get_username()
+        record_event(job.pk, message=f"resubmitted by {who} as job {new.pk}", attempt=job.attempt)
+        record_event(new.pk, message=f"resubmitted from job {job.pk}", attempt=0)
+    return new
+
+
+def _request_of(job: Job) -> dict[str, Any]:
+    """A stored job's request, in the shape a submit sends."""
+    gpu: dict[str, Any] = {"kind": job.gpu_kind, "count": job.gpu_count}
+    if job.gpu_min_count:
+        gpu["min_count"] = job.gpu_min_count
+    if job.gpu_profile:
+        gpu["profile"] = job.gpu_profile
+    if job.gpu_model:
+        gpu["model"] = job.gpu_model
+    if job.multi_node:
+        gpu["multi_node"] = True
+    return {
+        "name": job.name,
+        "team": job.team.name,
+        "image": job.image,
+        "command": list(job.command),
+        "env": dict(job.env),
+        "gpu": gpu,
+        "priority": job.priority,
+        "time_limit_s": job.time_limit_s,
+        "preemptible": job.preemptible,
+        "depends_on": [
+            {"job": dependency.depends_on_id, "kind": dependency.kind}
+            for dependency in job.dependencies.all()
+        ],
+    }
 
 
 def _check_may_act(*, job: Job, user: Any, verb: str) -> None:

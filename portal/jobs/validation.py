@@ -4,7 +4,9 @@
 the form gathered) and returns a ``JobRequest`` of checked, normalised values, or raises
 ``JobRequestError`` with every problem at once: ``{"gpu.profile": "unknown MIG profile ...;
 allowed: ..."}``. Field names are dotted paths into the request; each message says what is
-allowed.
+allowed. A request that no node of the cluster could ever hold is refused too, with the
+largest that would fit, and a GPU model is resolved to the name the inventory reports
+(``portal.jobs.cluster_fit``, which asks the scheduling core's own rule).
 
 The shape (see docs/api.md)::
 
@@ -33,11 +35,13 @@ from django.conf import settings
 from django.db.models import Min
 
 from portal.cluster.models import Slice
+from portal.jobs.cluster_fit import fit_cluster
 from portal.jobs.models import TERMINAL_STATES, Job, JobDependency, JobState
 from portal.tenants.models import PRIORITY_CLASSES, Team
 from portal.tenants.selectors import member_teams, teams_for_user
 from scheduler.model import GpuRequest, SliceKind
 from scheduler.units import MIG_PROFILES, parse_mig_profile
+from workers.images import allowed_text, image_allowed
 
 
 class JobRequestError(ValueError):
@@ -72,6 +76,8 @@ class JobRequest:
     time_limit_s: int | None = None
     preemptible: bool = True
     depends_on: tuple[DependencySpec, ...] = ()
+    # Said on the job's "submitted" event (e.g. that the cluster had no GPU to check it against).
+    notes: tuple[str, ...] = ()
 
 
 FIELDS = (
@@ -131,6 +137,8 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
     name = _name(data.get("name"), errors)
     team = _team(data.get("team"), user, errors)
     image = _image(data.get("image"), errors)
+    if team is not None and "image" not in errors:
+        _check_image_allowed(image, team, errors)
     command = _command(data.get("command"), errors)
     env = _env(data.get("env"), errors)
     gpu = _gpu(data.get("gpu"), errors)
@@ -138,6 +146,9 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
     time_limit_s = _time_limit(data.get("time_limit_s"), errors)
     preemptible = _boolean(data.get("preemptible"), "preemptible", True, errors)
     depends_on = _depends_on(data.get("depends_on"), user, errors)
+    notes: tuple[str, ...] = ()
+    if gpu is not None:
+        gpu, notes = fit_cluster(gpu, errors)
     if team is not None and gpu is not None:
         _check_limits(gpu, team, errors)
 
@@ -155,6 +166,7 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
         time_limit_s=time_limit_s,
         preemptible=preemptible,
         depends_on=depends_on,
+        notes=notes,
     )
 
 
@@ -214,6 +226,16 @@ def _image(value: Any, errors: dict[str, str]) -> str:
     elif not IMAGE_RE.match(image):
         errors["image"] = f"{image!r} is not an image reference; allowed: {IMAGE_HELP}"
     return image
+
+
+def _check_image_allowed(image: str, team: Team, errors: dict[str, str]) -> None:
+    """The team's image allow-list (empty: any image). The agent checks it again."""
+    prefixes = team.image_prefixes()
+    if not image_allowed(image, prefixes):
+        errors["image"] = (
+            f"{image!r} is not allowed for team {team.name}; allowed: images starting with "
+            f"{allowed_text(prefixes)}"
+        )
 
 
 def _command(value: Any, errors: dict[str, str]) -> tuple[str, ...]:
@@ -360,7 +382,9 @@ def _model(value: Any, kind: SliceKind | None, errors: dict[str, str]) -> str:
         errors["gpu.model"] = "only for kind whole (a MIG profile or an MPS share names no model)"
         return ""
     if not isinstance(value, str) or len(value.strip()) > 128:
-        errors["gpu.model"] = "must be a GPU model name of at most 128 characters, e.g. NVIDIA A100"
+        errors["gpu.model"] = (
+            "must be a GPU model name of at most 128 characters, e.g. a100 or NVIDIA A100-SXM4-80GB"
+        )
         return ""
     return value.strip()
 

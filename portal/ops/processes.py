@@ -124,6 +124,40 @@ def control_worker_spec(
     return ChildSpec(name="worker", argv=argv, env=env)
 
 
+def lease_worker_spec(
+    *, instance: str, env: Mapping[str, str], loglevel: str = "INFO"
+) -> ChildSpec:
+    """A second consumer of the agents' heartbeats (queue `control.lease` only), beside the
+    control worker, which consumes them too.
+
+    An agent stops its jobs itself when its heartbeats go unacknowledged for half its lease.
+    With one worker, a crash or a restart of that worker (a deploy) takes longer than that,
+    and every job of the cluster would be stopped for it: with two consumers of the lease
+    queue, one of them acknowledges while the other is away. Light: heartbeats only.
+    """
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "portal",
+        "worker",
+        "-Q",
+        "control.lease",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "2",
+        "-n",
+        f"lease-{instance}@%h",
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        loglevel,
+    ]
+    return ChildSpec(name="lease", argv=argv, env=env)
+
+
 def beat_spec(*, schedule_file: Path, env: Mapping[str, str], loglevel: str = "INFO") -> ChildSpec:
     argv = [
         sys.executable,

@@ -27,6 +27,7 @@ from django.db.models import FloatField, Func, QuerySet
 
 from portal.accounting.selectors import budget_period_start, decayed_balances, gpu_hours_in_period
 from portal.accounting.usage import hold_charge
+from portal.cluster.core import core_slice
 from portal.cluster.models import Node, Slice
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobDependency, JobState
 from portal.tenants.models import Team
@@ -284,17 +285,7 @@ def _load_nodes() -> _LoadedNodes:
         slice_pks[key] = pk
         node_pks[node] = node_id
         slice_model[key] = model
-        by_node[node].append(
-            CoreSlice(
-                id=key,
-                node=node,
-                gpu=gpu_uuid,
-                kind=SliceKind(kind),
-                units=units,
-                model=model,
-                profile=profile,
-            )
-        )
+        by_node[node].append(core_slice(key, kind, units, profile, gpu_uuid, model, node))
         schedulable[node] = state == Node.State.READY
     nodes = tuple(
         CoreNode(name=name, slices=tuple(slices), schedulable=schedulable[name])

@@ -23,9 +23,11 @@ class TeamAdmin(admin.ModelAdmin):
         "max_priority",
         "member_limit_units",
         "budget_gpu_hours",
+        "job_network",
+        "read_only_rootfs",
         "created_at",
     ]
-    list_filter = ["max_priority"]
+    list_filter = ["max_priority", "read_only_rootfs"]
     search_fields = ["name", "description"]
     readonly_fields = ["created_at"]
     inlines = [MembershipInline]

@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+from workers.images import prefix_problem
+from workers.protocol import FORBIDDEN_NETWORKS, NETWORK_NAME_PATTERN
+
 PRIORITY_CLASSES = ("low", "normal", "high")  # lowest first, as the scheduler reads them
 PRIORITY_CHOICES = [(name, name) for name in PRIORITY_CLASSES]
+
+
+def validate_image_prefixes(value: Any) -> None:
+    """A team's image allow-list: a list of prefixes (workers/images.py says how they match)."""
+    if not isinstance(value, list):
+        raise ValidationError(
+            'must be a list of image prefixes, e.g. ["registry.example.org/vision/"]'
+        )
+    for index, prefix in enumerate(value):
+        problem = prefix_problem(prefix)
+        if problem is not None:
+            raise ValidationError(f"item {index + 1} {problem}")
+
+
+def validate_job_network(value: str) -> None:
+    if value in FORBIDDEN_NETWORKS or value == "none":
+        raise ValidationError(
+            f"{value!r} cannot be a team's network: leave it empty for no network; the host "
+            "network is never given to jobs"
+        )
 
 
 class Team(models.Model):
@@ -36,6 +62,32 @@ class Team(models.Model):
         validators=[MinValueValidator(0.0)],
         help_text="GPU-unit-hours per calendar month; empty = no budget",
     )
+    # The container policy of the team's jobs (docs/agent.md, "Container policy"); each GPU
+    # host's agent checks it again against its own policy file, which wins.
+    allowed_image_prefixes = models.JSONField(
+        default=list,
+        blank=True,
+        validators=[validate_image_prefixes],
+        help_text=(
+            'images the team may run, as prefixes: ["registry.example.org/vision/", "python:"]. '
+            "A prefix ending in / or : allows what follows it; any other names a whole "
+            "repository (followed by nothing, :tag, @digest or /path). Empty = any image"
+        ),
+    )
+    job_network = models.CharField(
+        max_length=128,
+        blank=True,
+        validators=[
+            RegexValidator(NETWORK_NAME_PATTERN, "a Docker network name"),
+            validate_job_network,
+        ],
+        help_text="a Docker network the team's jobs join (the hosts must allow it); "
+        "empty = no network",
+    )
+    read_only_rootfs = models.BooleanField(
+        default=False,
+        help_text="the team's containers get a read-only root filesystem (they write to /scratch)",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -50,6 +102,14 @@ class Team(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def image_prefixes(self) -> tuple[str, ...]:
+        """The allow-list as a tuple of prefixes, also when a row was written around the
+        field's validation (a bare text counts as one prefix)."""
+        value = self.allowed_image_prefixes
+        if isinstance(value, str):
+            return (value,)
+        return tuple(p for p in value if isinstance(p, str)) if isinstance(value, list) else ()
 
 
 class Membership(models.Model):

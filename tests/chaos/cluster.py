@@ -97,10 +97,12 @@ class StackConfig:
 
 
 def control_plane_specs(config: StackConfig) -> list[ChildSpec]:
-    """The control-plane worker, beat and the web server, as `runportal` starts them."""
+    """The control-plane worker, the lease worker, beat and the web server, as `runportal`
+    starts them."""
     env = config.environment()
     return [
         processes.control_worker_spec(instance="chaos", concurrency=2, env=env),
+        processes.lease_worker_spec(instance="chaos", env=env),
         processes.beat_spec(schedule_file=config.var_dir / "celerybeat-schedule", env=env),
         processes.web_spec(host="127.0.0.1", port=config.web_port, threads=4, env=env),
     ]

@@ -10,6 +10,8 @@ Kinds (weights are options; `--weights kill_agent=0` turns one off):
   kill_agent         SIGKILL an agent; restart it (same node name, same work dir) after hold_s
   pause_agent        SIGSTOP an agent for hold_s (longer than the lease), then SIGCONT
   kill_worker        SIGKILL the control-plane worker; restart it after hold_s
+  kill_lease         SIGKILL the lease worker (a second consumer of heartbeats); restart it
+                     after hold_s
   kill_beat          SIGKILL beat; restart it after hold_s
   kill_web           SIGKILL gunicorn (master and worker); restart it after hold_s
   restart_redis      kill Redis (no persistence: everything queued is lost), start after hold_s
@@ -35,6 +37,7 @@ DEFAULT_WEIGHTS: dict[str, float] = {
     "kill_agent": 3.0,
     "pause_agent": 2.0,
     "kill_worker": 1.5,
+    "kill_lease": 1.0,
     "kill_beat": 1.0,
     "kill_web": 1.0,
     "restart_redis": 1.0,
@@ -44,12 +47,18 @@ DEFAULT_WEIGHTS: dict[str, float] = {
 }
 AGENT_FAULTS = ("kill_agent", "pause_agent")
 MESSAGE_FAULTS = ("drop_message", "duplicate_message")
-PROCESS_FAULTS = {"kill_worker": "worker", "kill_beat": "beat", "kill_web": "web"}
+PROCESS_FAULTS = {
+    "kill_worker": "worker",
+    "kill_lease": "lease",
+    "kill_beat": "beat",
+    "kill_web": "web",
+}
 # Seconds a target needs after its hold to be up again (process start, Django import).
 RECOVERY_ALLOWANCE_S = {
     "kill_agent": 5.0,
     "pause_agent": 1.0,
     "kill_worker": 6.0,
+    "kill_lease": 6.0,
     "kill_beat": 5.0,
     "kill_web": 6.0,
     "restart_redis": 1.0,

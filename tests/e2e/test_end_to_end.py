@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from portal_client import GpuRequest, PortalClient, PortalError
 from stack import PortalStack
 
 from portal.cluster.models import Gpu, Slice
 from portal.tenants.tokens import token_issue
-from portal_client import GpuRequest, PortalClient
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -82,12 +82,20 @@ def test_jobs_run_on_each_kind_of_slice_and_cancel_works(tmp_path: Path) -> None
         )
         mps = submit(api, "on-an-mps-share", {"kind": "mps", "count": 1}, printer)
         sleeper = submit(api, "cancel-me-running", {"kind": "whole", "count": 1}, ["sleep", "300"])
-        # No GPU of this model exists: the job waits, with a reason, until it is cancelled.
-        waiting = submit(
-            api,
-            "cancel-me-pending",
-            {"kind": "whole", "count": 1, "model": "NVIDIA H100 80GB HBM3"},
-            printer,
+        # No GPU of this model exists: refused at submit, naming the model the node has.
+        with pytest.raises(PortalError) as refused:
+            submit(api, "never-fits", {"kind": "whole", "model": "h100"}, printer)
+        assert refused.value.status == 400
+        assert list(refused.value.errors) == ["gpu.model"]
+        assert "allowed: NVIDIA A100-SXM4-80GB" in refused.value.errors["gpu.model"]
+        # Waits for the sleeper to succeed, so it stays PENDING until it is cancelled.
+        waiting = api.submit(
+            name="cancel-me-pending",
+            team="vision",
+            image="python:3.11-slim",
+            command=printer,
+            gpu={"kind": "whole", "count": 1},
+            depends_on=[{"job": sleeper["id"], "kind": "after_ok"}],
         )
 
         for job in (whole, mig, mps):
@@ -118,11 +126,11 @@ def test_jobs_run_on_each_kind_of_slice_and_cancel_works(tmp_path: Path) -> None
         assert mps_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"  # 1 of 4 shares
 
         wait_for_state(stack, api, sleeper["id"], "RUNNING")
-        api.cancel(sleeper["id"])
-        cancelled = wait_for_state(stack, api, sleeper["id"], "CANCELLED", "SUCCEEDED", "FAILED")
-        assert cancelled["state"] == "CANCELLED", cancelled
-
         still_waiting = api.job(waiting["id"])
         assert still_waiting["state"] == "PENDING", still_waiting
         assert api.cancel(waiting["id"])["state"] == "CANCELLED"
         assert api.job(waiting["id"])["state"] == "CANCELLED"
+
+        api.cancel(sleeper["id"])
+        cancelled = wait_for_state(stack, api, sleeper["id"], "CANCELLED", "SUCCEEDED", "FAILED")
+        assert cancelled["state"] == "CANCELLED", cancelled

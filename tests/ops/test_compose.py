@@ -58,6 +58,7 @@ def test_it_has_every_service_of_the_production_shape(config: dict[str, Any]) ->
         "redis",
         "web",
         "worker",
+        "lease",
         "beat",
         "agent",
         "watchdog",
@@ -76,12 +77,13 @@ def test_the_agent_reserves_every_nvidia_gpu_and_uses_docker(config: dict[str, A
 
 @needs_compose
 def test_the_control_plane_talks_to_postgres_and_redis(config: dict[str, Any]) -> None:
-    for name in ("web", "worker", "beat"):
+    for name in ("web", "worker", "lease", "beat"):
         env = config["services"][name]["environment"]
         assert env["DATABASE_URL"].startswith("postgres://"), name
         assert env["REDIS_URL"].startswith("redis://:"), name
         assert env["REDIS_URL"].endswith("@redis:6379/0"), name
-    assert "-Q control" in " ".join(config["services"]["worker"]["command"])
+    assert "-Q control.lease,control" in " ".join(config["services"]["worker"]["command"])
+    assert "-Q control.lease " in " ".join(config["services"]["lease"]["command"]) + " "
     assert "migrate" in " ".join(config["services"]["web"]["command"])
 
 

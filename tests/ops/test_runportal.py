@@ -152,7 +152,14 @@ def test_it_serves_the_portal_and_stops_everything_on_ctrl_c(
 
     assert processes.http_answers("127.0.0.1", run.port, "/")
     commands = [command_of(pid) for pid in run.descendants()]
-    for what in ("redis-server", "gunicorn", "worker -Q control", " beat ", "-m workers"):
+    for what in (
+        "redis-server",
+        "gunicorn",
+        "worker -Q control.lease,control",
+        "worker -Q control.lease --pool",  # the lease worker: heartbeats only
+        " beat ",
+        "-m workers",
+    ):
         assert any(what in command for command in commands), (what, commands)
     assert f"http://127.0.0.1:{run.port}/" in run.output
     assert "issue_token" in run.output

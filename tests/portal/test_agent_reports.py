@@ -533,6 +533,19 @@ def test_a_running_attempt_a_heartbeat_does_not_mention_stays_running_and_is_ask
     assert Job.objects.get(pk=job.pk).state == "RUNNING"
 
 
+def test_an_attempt_not_yet_started_is_not_asked_about_by_a_heartbeat(
+    node, team_and_user, settings, django_capture_on_commit_callbacks
+):
+    # Its launch may still be on its way (a backlog, a dropped copy the reaper sends again):
+    # a query overtaking it would make the node refuse the attempt for good.
+    settings.RECONCILE_GRACE_S = 5.0
+    job = _holding_job(*team_and_user, state=JobState.ASSIGNED, held_for_s=60.0)
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        assert _report(heartbeat(NODE, running=[])) == "heartbeat"
+    assert sent.queries() == []
+    assert Job.objects.get(pk=job.pk).state == "ASSIGNED"
+
+
 @pytest.mark.parametrize("answer", ["unknown", "fenced", "lost"])
 def test_the_nodes_answer_that_an_attempt_is_gone_requeues_it_counting_a_retry(
     node, team_and_user, settings, answer

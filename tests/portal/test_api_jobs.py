@@ -55,6 +55,7 @@ def patched_request_stop():
 
 
 def test_submit_stores_a_pending_job_and_answers_201_with_id_and_state(world, alice_api):
+    make_node(gpus=[{"mode": "mig", "profiles": ["1g.10gb"]}])
     response = alice_api.post("/api/v1/jobs/", BODY, format="json")
 
     assert response.status_code == 201, response.json()

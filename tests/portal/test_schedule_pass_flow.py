@@ -60,6 +60,15 @@ def _expected_launch(job: Job, devices: list[dict]) -> dict:
         "env": {"SEED": "7"},
         "devices": devices,
         "time_limit_s": 600.0,
+        # One whole GPU's worth of the operator's defaults; no network, any image.
+        "policy": {
+            "memory_mb": 16384,
+            "cpus": 4.0,
+            "pids_limit": 4096,
+            "network": "none",
+            "read_only_rootfs": False,
+            "image_prefixes": [],
+        },
     }
 
 

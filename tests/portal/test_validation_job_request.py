@@ -291,10 +291,14 @@ def test_the_scheduler_sees_exactly_the_request_that_was_validated(alice, gpu, s
     ]
 
 
-def test_a_profile_the_cluster_lacks_is_still_valid(alice):
-    make_node(gpus=[{"mode": "mig", "profiles": ["1g.10gb"]}])
+def test_a_profile_the_cluster_lacks_is_refused_with_the_ones_it_has(alice):
     gpu = {"kind": "mig", "profile": "7g.80gb", "count": 1}
+    # Before any GPU is registered nothing can be checked (tests/portal/test_submit_cluster_fit.py).
     assert validate_job_request(valid(gpu=gpu), user=alice).gpu.profile == "7g.80gb"
+    make_node(gpus=[{"mode": "mig", "profiles": ["1g.10gb"]}])
+    assert errors_of(valid(gpu=gpu), alice) == {
+        "gpu.profile": "no GPU of this cluster offers MIG 7g.80gb; allowed: 1g.10gb"
+    }
 
 
 def test_it_refuses_a_count_over_the_teams_limit(alice):
@@ -327,7 +331,7 @@ def test_mps_requests_are_measured_by_the_smallest_share_in_the_cluster(alice):
     gpu = {"kind": "mps", "count": 17}
     # Without MPS GPUs nothing is known, so nothing is refused (the job explains itself).
     assert validate_job_request(valid(gpu=gpu), user=alice).gpu.count == 17
-    make_node(gpus=[{"mode": "mps", "shares": 4}])
+    make_node(gpus=[{"mode": "mps", "shares": 4}] * 5)  # 20 shares of 1/4 on one node
     assert errors_of(valid(gpu=gpu), alice) == {
         "gpu.count": "over-limit count: 17 x MPS share = 4.25 GPU units, above team vision's "
         "limit of 4 units; allowed: at most 16"

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from workers.launchers.process import ProcessRun
+from workers.launchers.process import ProcessLauncher, ProcessRun
+from workers.outbox import AttemptJournal
+from workers.supervisor import Supervisor
 
 TESTS_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = TESTS_DIR.parent.parent
@@ -58,6 +60,30 @@ def scratch_dir_others_may_enter() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def launcher(workdir: Path, **options: Any) -> ProcessLauncher:
+    """A process launcher working in `workdir` (its MPS root inside it unless given)."""
+    options.setdefault("mps_root", workdir / "mps")
+    return ProcessLauncher(workdir=workdir, **options)
+
+
+def supervisor_for(
+    jobs: ProcessLauncher,
+    report: Callable[[Any], object],
+    journal: Path,
+    *,
+    node: str = "node-t",
+    kill_grace_s: float = 1.0,
+) -> Supervisor:
+    """A supervisor over `jobs` whose reports go to `report` (a RecordingSender)."""
+    return Supervisor(
+        node=node,
+        launcher=jobs,
+        report=lambda message: report(message) or True,
+        journal=AttemptJournal(journal),
+        kill_grace_s=kill_grace_s,
+    )
 
 
 def alive(pid: int) -> bool:

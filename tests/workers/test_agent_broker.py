@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from agent_doubles import make_launch
 from celery import Celery
-from job_processes import python_for_job_uids, scratch_dir_others_may_enter
+from job_processes import python_for_job_uids
 from kombu import Connection
 
 from workers.lease import lease_path, read_lease
@@ -70,14 +70,6 @@ def unavailable(reason: str) -> None:
     if REQUIRED:
         pytest.fail(f"PORTAL_REQUIRE_SERVICES=1 but {reason}")
     pytest.skip(reason)
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    """The agent's work directory: as root its jobs run as uids of their own, which must be
-    able to pass through it (pytest's tmp_path is 0700)."""
-    with scratch_dir_others_may_enter() as path:
-        yield path
 
 
 @pytest.fixture
@@ -267,14 +259,20 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
         done = portal.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 11)
         assert (done.outcome, done.exit_code) == ("succeeded", 0)
         reports = portal.of_job(11)
-        assert [m.TYPE for m in reports] == ["started", "log", "finished"]
-        (line,) = [m for m in reports if isinstance(m, LogChunk)]
+        assert [m.TYPE for m in reports] == ["started", "log", "log", "finished"]
+        # The process launcher says first that it could not use the job's image.
+        note, line = [m for m in reports if isinstance(m, LogChunk)]
+        assert note.data == (
+            "[agent] the process launcher ignores the image 'python:3.11-slim': the job runs on "
+            "the host's filesystem\n"
+        )
         assert line.data == f"{gpu.uuid}\n"
 
         # Unacknowledged, the reports wait in the outbox and heartbeats list the finish ...
         assert sorted(p.name for p in outbox.glob("11-*.json")) == [
             "11-0-finished-0.json",
             "11-0-log-0.json",
+            "11-0-log-1.json",
             "11-0-started-0.json",
         ]
         portal.wait_for(lambda m: isinstance(m, Heartbeat) and done in m.finished)
@@ -293,7 +291,13 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
         # The same launch again (a new envelope): nothing runs twice, the result is re-reported.
         portal.send(TASK_LAUNCH, hello)
         portal.wait_for(lambda m: m == done and portal.received.count(done) == 2)
-        assert [m.TYPE for m in portal.of_job(11)] == ["started", "log", "finished", "finished"]
+        assert [m.TYPE for m in portal.of_job(11)] == [
+            "started",
+            "log",
+            "log",
+            "finished",
+            "finished",
+        ]
 
         # A launch signed with another key is refused and never runs.
         forged = make_launch(["true"], node=node, job_id=13, devices=(device,))  # type: ignore[arg-type]

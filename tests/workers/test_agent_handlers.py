@@ -393,6 +393,24 @@ def test_a_report_the_broker_refused_is_sent_again_until_acknowledged(
     assert len(sender.messages) == 3
 
 
+def test_an_unacknowledged_report_is_sent_again_less_and_less_often(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    # A control plane with a backlog acknowledges late: copies sent every 5 s would only
+    # lengthen its backlog. The waits double: 5, 10, 20, 40, then 60 s at most.
+    launch(agent)
+    started = sender.started()
+    rid = ("started", started.job_id, started.attempt, 0)
+    assert agent._last_sent[rid][1] == 1  # sent once so far
+    waits = []
+    for _ in range(6):
+        last, times = agent._last_sent[rid]
+        wait = next(w / 10 for w in range(1, 1000) if agent.resend_due(rid, last + w / 10))
+        waits.append(wait)
+        agent._last_sent[rid] = (last + wait, times + 1)
+    assert waits == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]
+
+
 def test_the_outbox_and_the_journal_survive_a_restart(
     sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:

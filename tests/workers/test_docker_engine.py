@@ -6,13 +6,16 @@ runs with the vfs storage driver and no networking; the image is imported from a
 host's /bin/sh and /bin/sleep with their libraries (no registry). There is no NVIDIA runtime here,
 so a real launch must fail at the GPU device request and leave no container behind; the
 container lifecycle (logs, exit code, stop with grace, removal), adoption by a restarted
-agent and the watchdog's fencing are exercised with the launcher's own request minus that
-device request. Each test that needs a clean slate uses a node name of its own.
+agent and the watchdog's fencing are exercised with the launcher itself on a client that drops
+that device request. The container policy is checked as the engine applies it: the real
+HostConfig, and jobs that try to write outside /scratch, fork past their pids limit or go
+over their memory. Each test that needs a clean slate uses a node name of its own.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
 import signal
@@ -31,11 +34,11 @@ from agent_doubles import GPU_0, RecordingSender, make_launch
 from services import require_service
 
 from workers.agent import build_launcher
-from workers.launch import job_environment
-from workers.launchers.docker import DockerLauncher, DockerRun, container_request
+from workers.launchers.docker import DockerLauncher
 from workers.lease import Lease, lease_path, write_lease
 from workers.outbox import AttemptJournal
-from workers.protocol import Launch, Started, Stop
+from workers.policy import HostPolicy
+from workers.protocol import ContainerPolicy, Launch, Started, Stop
 from workers.settings import AgentSettings
 from workers.signing import KEY_BYTES, key_to_text
 from workers.supervisor import Supervisor
@@ -106,18 +109,29 @@ def wait_for_engine(client: Any, daemon: subprocess.Popen[bytes], root: Path) ->
 
 
 def minimal_rootfs() -> bytes:
-    """A tarball with /bin/sh, /bin/sleep and the shared libraries they load."""
+    """A tarball with /bin/sh, /bin/sleep and the shared libraries they load, and a /tmp that
+    everyone may write (so only a read-only root filesystem stops a job writing there)."""
     binaries = ["/bin/sh", "/bin/sleep"]
     ldd = subprocess.run(["ldd", *binaries], capture_output=True, text=True, check=True).stdout
     # ldd prints "/bin/sh:" headers, then "libc.so.6 => /lib/.../libc.so.6 (0x...)" lines.
     libraries = {w for w in ldd.split() if w.startswith("/") and not w.endswith(":")}
+    files = sorted({*binaries, *libraries})
+    # Every directory on the way, readable by all: jobs do not run as root.
+    folders = sorted({str(parent) for f in files for parent in Path(f).parents} - {"/"})
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path in sorted({*binaries, *libraries}):
+        for folder in folders:
+            entry = tarfile.TarInfo(folder.lstrip("/"))
+            entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(entry)
+        for path in files:
             data = Path(path).read_bytes()  # follows symlinks: the file itself goes in
             info = tarfile.TarInfo(path.lstrip("/"))
             info.size, info.mode = len(data), 0o755
             tar.addfile(info, io.BytesIO(data))
+        tmp = tarfile.TarInfo("tmp")
+        tmp.type, tmp.mode = tarfile.DIRTYPE, 0o1777
+        tar.addfile(tmp)
     return buffer.getvalue()
 
 
@@ -137,7 +151,7 @@ def supervisor_for(launcher: Any, sender: RecordingSender, tmp_path: Path) -> Su
 
 def test_without_an_nvidia_runtime_a_launch_fails_cleanly(engine: Any, tmp_path: Path) -> None:
     sender = RecordingSender()
-    launcher = DockerLauncher(node="n1", mps_root=tmp_path, client=engine, network="none")
+    launcher = DockerLauncher(node="n1", mps_root=tmp_path, client=engine, workdir=tmp_path)
     supervisor = supervisor_for(launcher, sender, tmp_path)
     launch = msgspec.structs.replace(make_launch(["sh", "-c", "echo hi"], job_id=901), image=IMAGE)
     supervisor.launch(launch)
@@ -146,30 +160,46 @@ def test_without_an_nvidia_runtime_a_launch_fails_cleanly(engine: Any, tmp_path:
     assert "nvidia" in finished.error  # the engine refused exactly the GPU device request
     assert sender.of_type(Started) == []
     assert containers_of(engine, launch) == []
+    assert list((tmp_path / "scratch").iterdir()) == []  # its scratch went with it
 
 
-class EngineWithoutGpus:
-    """The Docker launcher's own request, minus the GPU device request this engine lacks."""
+class WithoutGpus:
+    """An engine client that drops the GPU device request this engine lacks (no NVIDIA
+    runtime here); everything else goes to the engine as the launcher built it."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.images = client.images
+        self.containers = self
+
+    def create(self, **kwargs: Any) -> Any:
+        del kwargs["device_requests"]
+        return self._client.containers.create(**kwargs)
+
+    def list(self, **kwargs: Any) -> Any:
+        return self._client.containers.list(**kwargs)
+
+
+# Larger than any policy these tests ask for, and within what any test host has.
+TEST_HOST = HostPolicy(memory_mb_max=1024, cpus_max=1.0, pids_limit_max=256)
+
+
+class EngineWithoutGpus(DockerLauncher):
+    """The Docker launcher itself, on the agent's work directory `<mps_root>/agent`, minus the
+    GPU device request."""
 
     name = "docker-without-gpus"
 
-    def __init__(self, client: Any, mps_root: Path, node: str = "n1") -> None:
-        self.client = client
-        self.mps_root = mps_root
-        self.node = node
-
-    def create(self, launch: Launch) -> Any:
-        env = job_environment(launch, mps_root=self.mps_root)
-        request = container_request(
-            launch, env=env, mps_root=self.mps_root, node=self.node, network="none"
+    def __init__(
+        self, client: Any, mps_root: Path, node: str = "n1", policy: HostPolicy = TEST_HOST
+    ) -> None:
+        super().__init__(
+            node=node,
+            mps_root=mps_root,
+            workdir=mps_root / "agent",
+            client=WithoutGpus(client),
+            policy=policy,
         )
-        del request["device_requests"]
-        return self.client.containers.create(**request)
-
-    def start(self, launch: Launch) -> DockerRun:
-        container = self.create(launch)
-        container.start()
-        return DockerRun(container)
 
 
 def engine_launch(command: list[str], job_id: int) -> Launch:
@@ -206,13 +236,174 @@ def test_a_stopped_container_is_killed_after_the_grace_and_reported_cancelled(
     assert containers_of(engine, launch) == []
 
 
+# --- the container policy, as the engine applies it -----------------------------------------
+
+
+def confined(launch: Launch, **policy: Any) -> Launch:
+    return msgspec.structs.replace(launch, policy=ContainerPolicy(**policy))
+
+
+def run_to_end(
+    launcher: DockerLauncher, engine: Any, launch: Launch
+) -> tuple[int, str, dict[str, Any]]:
+    """(exit code, output, the engine's inspect of the container) of a launch run to its end;
+    the container is removed afterwards."""
+    run = launcher.start(launch)
+    try:
+        code = run.wait()
+        output = b"".join(run.output()).decode()
+        return code, output, engine.api.inspect_container(run.container_id)
+    finally:
+        run.release()
+
+
+HOST_CONFIG_SHOWN = (
+    "CapAdd",
+    "CapDrop",
+    "SecurityOpt",
+    "Privileged",
+    "PidsLimit",
+    "Memory",
+    "MemorySwap",
+    "NanoCpus",
+    "NetworkMode",
+    "ReadonlyRootfs",
+    "IpcMode",
+    "Binds",
+    "Mounts",
+    "Tmpfs",
+    "Devices",
+    "DeviceRequests",
+)
+# The job reads its own credentials and sees its network interfaces (sh builtins only: the
+# image has nothing but sh and sleep).
+SHOW_SELF = (
+    "while read k v; do case $k in Uid:|Gid:|CapEff:|CapBnd:|NoNewPrivs:) echo $k $v;; esac; "
+    "done < /proc/self/status; while read l; do echo net $l; done < /proc/net/dev"
+)
+
+
+def test_the_engine_runs_the_container_exactly_as_the_policy_says(
+    engine: Any, tmp_path: Path
+) -> None:
+    launcher = EngineWithoutGpus(engine, tmp_path, node="policy-1")
+    launch = confined(
+        engine_launch(["sh", "-c", SHOW_SELF], 940),
+        memory_mb=256,
+        cpus=0.5,
+        pids_limit=64,
+        read_only_rootfs=True,
+    )
+    scratch = tmp_path / "agent" / "scratch" / "940-0"
+    code, output, inspected = run_to_end(launcher, engine, launch)
+    host_config = inspected["HostConfig"]
+    # The issue's closing note shows this: the HostConfig as inspected from the engine.
+    shown = {key: host_config.get(key) for key in HOST_CONFIG_SHOWN}
+    mounts = inspected["Mounts"]
+    print(json.dumps({"User": inspected["Config"]["User"], "HostConfig": shown, "Mounts": mounts}))
+    assert code == 0
+    assert inspected["Config"]["User"] == "65534:65534"  # the image names no user
+    assert host_config["CapDrop"] == ["ALL"] and not host_config["CapAdd"]
+    assert host_config["SecurityOpt"] == ["no-new-privileges"]
+    assert host_config["Privileged"] is False
+    assert host_config["PidsLimit"] == 64
+    assert host_config["Memory"] == host_config["MemorySwap"] == 256 * 1024 * 1024
+    assert host_config["NanoCpus"] == 500_000_000
+    assert host_config["NetworkMode"] == "none"
+    assert host_config["ReadonlyRootfs"] is True
+    assert host_config["IpcMode"] != "host"
+    # No host path but the job's own scratch.
+    assert host_config["Binds"] == [f"{scratch}:/scratch:rw"]
+    assert [(m["Type"], m["Source"], m["Destination"], m["RW"]) for m in inspected["Mounts"]] == [
+        ("bind", str(scratch), "/scratch", True)
+    ]
+    # And what the job itself sees: not root, no capability, no new privileges, only loopback.
+    assert "Uid: 65534 65534 65534 65534" in output
+    assert "Gid: 65534 65534 65534 65534" in output
+    assert "CapEff: 0000000000000000" in output and "CapBnd: 0000000000000000" in output
+    assert "NoNewPrivs: 1" in output
+    interfaces = [line.split()[1] for line in output.splitlines() if line.startswith("net ")]
+    assert [i for i in interfaces if i.endswith(":")] == ["lo:"]
+
+
+def test_a_job_cannot_write_outside_scratch_on_a_read_only_root_filesystem(
+    engine: Any, tmp_path: Path
+) -> None:
+    script = (
+        "echo x > /tmp/x; echo tmp=$?; echo y > /scratch/y; echo scratch=$?; "
+        "read got < /scratch/y; echo read=$got"
+    )
+    launcher = EngineWithoutGpus(engine, tmp_path, node="policy-2")
+    read_only = confined(engine_launch(["sh", "-c", script], 941), read_only_rootfs=True)
+    code, output, _ = run_to_end(launcher, engine, read_only)
+    assert "Read-only file system" in output
+    assert "tmp=2" in output  # the redirection failed
+    assert "scratch=0" in output and "read=y" in output
+    assert code == 0
+    # The same job with a writable root filesystem does write /tmp: the read-only one stopped it.
+    code, output, _ = run_to_end(
+        launcher, engine, confined(engine_launch(["sh", "-c", script], 942))
+    )
+    assert "tmp=0" in output and "Read-only" not in output
+
+
+def test_a_fork_bomb_stops_at_the_pids_limit(engine: Any, tmp_path: Path) -> None:
+    script = "i=0; while [ $i -lt 100 ]; do sleep 30 & i=$((i+1)); done; echo all-forked"
+    launcher = EngineWithoutGpus(engine, tmp_path, node="policy-3")
+    launch = confined(engine_launch(["sh", "-c", script], 943), pids_limit=16)
+    started = time.monotonic()
+    code, output, inspected = run_to_end(launcher, engine, launch)
+    assert inspected["HostConfig"]["PidsLimit"] == 16
+    assert "Cannot fork" in output
+    assert "all-forked" not in output
+    assert code != 0
+    assert time.monotonic() - started < 25  # it ended at the failed fork, not after the sleeps
+
+
+def test_a_job_over_its_memory_limit_is_killed_137_and_reported_oom_killed(
+    engine: Any, tmp_path: Path
+) -> None:
+    sender = RecordingSender()
+    launcher = EngineWithoutGpus(engine, tmp_path, node="policy-4")
+    supervisor = supervisor_for(launcher, sender, tmp_path)
+    grow = "echo growing; x=0123456789; while :; do x=$x$x; done"
+    supervisor.launch(confined(engine_launch(["sh", "-c", grow], 944), memory_mb=32))
+    finished = sender.finished(944, timeout=120)
+    assert (finished.outcome, finished.exit_code) == ("failed", 137)
+    assert finished.error == (
+        "exit code 137 (killed by SIGKILL); "
+        "OOM_KILLED: the job went over its memory limit of 32 MiB and the kernel killed it"
+    )
+    assert sender.log_text(944) == "growing\n"
+    assert list((tmp_path / "agent" / "scratch").iterdir()) == []
+
+
+def test_a_launch_outside_the_hosts_policy_never_reaches_the_engine(
+    engine: Any, tmp_path: Path
+) -> None:
+    sender = RecordingSender()
+    host = HostPolicy(memory_mb_max=64, cpus_max=1.0, image_prefixes=(IMAGE.split(":")[0],))
+    supervisor = supervisor_for(
+        EngineWithoutGpus(engine, tmp_path, "policy-5", host), sender, tmp_path
+    )
+    outside = msgspec.structs.replace(
+        engine_launch(["sh", "-c", "echo never"], 945), image="registry.internal/other:1"
+    )
+    too_big = confined(engine_launch(["sh", "-c", "echo never"], 946), memory_mb=65)
+    supervisor.launch(outside)
+    supervisor.launch(too_big)
+    assert "is not allowed on this host" in sender.finished(945).error
+    assert sender.finished(946).error.startswith("container policy refused")
+    assert containers_of(engine, outside) == [] and containers_of(engine, too_big) == []
+
+
 # --- adoption after an agent restart --------------------------------------------------------
 
 
 def restarted_launcher(engine: Any, tmp_path: Path, node: str) -> DockerLauncher:
     """What a restarted agent builds: a fresh launcher on the same engine and work directory."""
     return DockerLauncher(
-        node=node, mps_root=tmp_path, client=engine, network="none", workdir=tmp_path / "agent"
+        node=node, mps_root=tmp_path, client=engine, workdir=tmp_path / "agent", policy=TEST_HOST
     )
 
 
@@ -255,8 +446,11 @@ def test_a_restarted_agent_adopts_a_running_container_and_reads_the_same_chunks_
         b"one",
     ]
     assert run.wait() == 5
+    scratch = tmp_path / "agent" / "scratch" / "910-0"
+    assert scratch.is_dir()  # the adopted run keeps its scratch until it is released
     run.release()
     assert containers_of(engine, launch) == []
+    assert not scratch.exists()
 
 
 def test_an_attempt_that_ended_while_no_agent_watched_is_adopted_with_its_exit_code(
@@ -282,9 +476,12 @@ def test_adoption_removes_a_container_that_was_created_but_never_started(
 ) -> None:
     launch = engine_launch(["sh", "-c", "echo never"], 912)
     EngineWithoutGpus(engine, tmp_path, node="adopt-3").create(launch)  # the agent died here
+    scratch = tmp_path / "agent" / "scratch" / "912-0"
+    assert scratch.is_dir()
 
     assert restarted_launcher(engine, tmp_path, "adopt-3").adopt() == {}
     assert containers_of(engine, launch) == []
+    assert not scratch.exists()
 
 
 def test_adoption_finds_only_its_own_nodes_containers(engine: Any, tmp_path: Path) -> None:

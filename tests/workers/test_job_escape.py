@@ -1,9 +1,10 @@
 """A job of the embedded default's launcher (root agent) tries to escape, and every try fails.
 
-The job probes what a hostile job would go for: another running job's files, the web
-server's environment (its secrets), PostgreSQL and Redis over TCP, the portal's SQLite file
-and its broker's unix socket (placed and protected as the embedded default does), and a
-Celery message to the broker. The same probe run as root without the launcher must succeed
+The job probes what a hostile job would go for: another running job's files and the agent's
+record of it, the agent's own files (its outbox of reports, its journal of launches with the
+users' env, its key file), the web server's environment (its secrets), PostgreSQL and Redis
+over TCP, the portal's SQLite file and its broker's unix socket (placed and protected as the
+embedded default does), and a Celery message to the broker. The same probe run as root without the launcher must succeed
 where the host allows it, so a pass proves the isolation and not a broken probe.
 """
 
@@ -24,12 +25,13 @@ from job_processes import (
     first_line,
     needs_root,
     python_for_job_uids,
-    scratch_dir_others_may_enter,
 )
 
 from portal.ops import processes
 from workers.launchers.process import ProcessLauncher, process_launcher
 from workers.lease import Lease, lease_path, write_lease
+from workers.outbox import AttemptJournal, Outbox
+from workers.protocol import LogChunk
 from workers.settings import AgentSettings
 from workers.signing import key_to_text
 
@@ -88,6 +90,11 @@ def publish(address):
 
 attempt("list_other_job_dir", lambda: os.listdir(targets["other_dir"]))
 attempt("read_other_job_file", lambda: open(targets["other_file"]).read() == "private")
+attempt("read_other_job_record", lambda: "pgid" in open(targets["other_record"]).read())
+attempt("list_agent_outbox", lambda: os.listdir(targets["outbox"]))
+attempt("read_agent_outbox_report", lambda: "private-log" in open(targets["report"]).read())
+attempt("read_agent_journal", lambda: targets["secret"] in open(targets["journal"]).read())
+attempt("read_agent_key_file", lambda: len(open(targets["key_file"]).read()) > 0)
 attempt("read_web_environ", lambda: targets["secret"] in open(targets["environ"]).read())
 attempt("tcp_postgres", lambda: tcp(5432))
 attempt("tcp_redis", lambda: tcp(6379))
@@ -100,12 +107,6 @@ attempt("celery_publish_socket", lambda: publish(targets["socket"]))
 attempt("celery_publish_tcp", lambda: publish(("127.0.0.1", 6379)))
 print(json.dumps(verdict), flush=True)
 """
-
-
-@pytest.fixture
-def open_dir() -> Iterator[Path]:
-    with scratch_dir_others_may_enter() as path:
-        yield path
 
 
 @pytest.fixture
@@ -187,15 +188,31 @@ def test_a_job_reaches_no_other_job_no_secret_no_service_and_no_broker(
     python, env = python_for_job_uids()
     launcher = embedded_default_launcher(var_dir)
     assert launcher.isolation.network == "isolate" and launcher.isolation.uids is not None
-    other = launcher.start(
-        make_launch(
-            ["sh", "-c", "printf private > notes.txt; echo ready; exec sleep 300"], job_id=1
-        )
+    other_launch = make_launch(
+        ["sh", "-c", "printf private > notes.txt; echo ready; exec sleep 300"],
+        job_id=1,
+        env={"TOKEN": SECRET},
     )
+    other = launcher.start(other_launch)
     assert first_line(other) == "ready"
+    # The agent's own files, as the agent keeps them in its work directory, and its key file
+    # (PORTAL_AGENT_KEY_FILE) where an operator would put it, private to the agent's user.
+    workdir = launcher.workdir
+    journal = AttemptJournal(workdir / "attempts")
+    journal.record_launch(other_launch)
+    report = LogChunk(node="node-t", job_id=1, attempt=0, seq=0, data="private-log\n")
+    Outbox(workdir / "outbox").put(report)
+    key_file = var_dir / "agent.key"
+    key_file.write_text(key_to_text(bytes(range(32))))
+    key_file.chmod(0o600)
     targets = {
         "other_dir": str(other.attempt_dir / "work"),
         "other_file": str(other.attempt_dir / "work" / "notes.txt"),
+        "other_record": str(other.attempt_dir / "pid"),
+        "outbox": str(workdir / "outbox"),
+        "report": str(workdir / "outbox" / "1-0-log-0.json"),
+        "journal": str(workdir / "attempts" / "1-0.json"),
+        "key_file": str(key_file),
         "environ": f"/proc/{web_server}/environ",
         "secret": SECRET,
         "listener": listener,
@@ -225,6 +242,11 @@ def test_a_job_reaches_no_other_job_no_secret_no_service_and_no_broker(
     must_work_on_host = {
         "list_other_job_dir",
         "read_other_job_file",
+        "read_other_job_record",
+        "list_agent_outbox",
+        "read_agent_outbox_report",
+        "read_agent_journal",
+        "read_agent_key_file",
         "read_web_environ",
         "tcp_loopback_listener",
         "open_sqlite",

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 from agent_doubles import GPU_0, GPU_3, MPS_SHARE, RecordingSender, make_launch
-from job_processes import needs_root, python_for_job_uids, scratch_dir_others_may_enter
+from job_processes import (
+    launcher,
+    needs_root,
+    python_for_job_uids,
+    scratch_dir_others_may_enter,
+    supervisor_for,
+)
 
 from workers.launchers.process import ProcessLauncher
 from workers.outbox import AttemptJournal
@@ -17,18 +23,15 @@ from workers.protocol import LOG_CHUNK_MAX_BYTES, Finished, Started, Stop
 from workers.supervisor import Supervisor
 
 PY = sys.executable
+# These tests read the job's own output: their launchers count the tests' image as the host's,
+# so the log has no image note (test_process_limits.py tests the note and the refusal).
+HOST_IMAGES = ("python:3.11-slim",)
 
 
 @pytest.fixture
 def supervisor(tmp_path: Path, sender: RecordingSender) -> Supervisor:
-    launcher = ProcessLauncher(workdir=tmp_path / "agent", mps_root=tmp_path / "mps")
-    supervisor = Supervisor(
-        node="node-t",
-        launcher=launcher,
-        report=lambda message: sender(message) or True,
-        journal=AttemptJournal(tmp_path / "attempts"),
-        kill_grace_s=1.0,
-    )
+    jobs = launcher(tmp_path / "agent", mps_root=tmp_path / "mps", host_images=HOST_IMAGES)
+    supervisor = supervisor_for(jobs, sender, tmp_path / "attempts")
     yield supervisor
     supervisor.shutdown(grace_s=0.5)
 
@@ -206,14 +209,8 @@ def test_shutdown_stops_running_jobs_as_preempted(
 def restarted_supervisor(tmp_path: Path, sender: RecordingSender) -> Supervisor:
     """A second agent run on the same work directory whose journal was lost: only the
     launcher's own record of the attempt directory stands between it and a second run."""
-    launcher = ProcessLauncher(workdir=tmp_path / "agent", mps_root=tmp_path / "mps")
-    return Supervisor(
-        node="node-t",
-        launcher=launcher,
-        report=lambda message: sender(message) or True,
-        journal=AttemptJournal(tmp_path / "attempts-after-loss"),
-        kill_grace_s=0.5,
-    )
+    jobs = launcher(tmp_path / "agent", mps_root=tmp_path / "mps", host_images=HOST_IMAGES)
+    return supervisor_for(jobs, sender, tmp_path / "attempts-after-loss", kill_grace_s=0.5)
 
 
 def test_an_attempt_still_running_from_an_earlier_agent_run_is_not_started_twice(

@@ -19,6 +19,7 @@ from workers.protocol import (
     TO_AGENT_TYPES,
     TO_PORTAL_TYPES,
     Ack,
+    ContainerPolicy,
     Device,
     Finished,
     Gpu,
@@ -106,6 +107,14 @@ LAUNCH = Launch(
     env={"SEED": "7"},
     devices=(WHOLE,),
     time_limit_s=3600.0,
+    policy=ContainerPolicy(
+        memory_mb=16384,
+        cpus=4.0,
+        pids_limit=4096,
+        network="jobs-net",
+        read_only_rootfs=True,
+        image_prefixes=("registry.example.org/vision/", "python:"),
+    ),
 )
 STOP = Stop(node=NODE, job_id=42, attempt=1, reason="cancel", grace_s=5.0)
 QUERY = Query(node=NODE, job_id=42, attempt=1)
@@ -301,7 +310,29 @@ def test_launch_dict_has_the_documented_shape() -> None:
             }
         ],
         "time_limit_s": 3600.0,
+        "policy": {
+            "memory_mb": 16384,
+            "cpus": 4.0,
+            "pids_limit": 4096,
+            "network": "jobs-net",
+            "read_only_rootfs": True,
+            "image_prefixes": ["registry.example.org/vision/", "python:"],
+        },
     }
+
+
+def test_a_launch_without_a_policy_gets_the_safe_defaults() -> None:
+    # A version-2 launch from before the field: no network, the host's limits, any image.
+    launch = parse(set_at(LAUNCH, "policy", DELETE))
+    assert isinstance(launch, Launch)
+    assert launch.policy == ContainerPolicy(
+        memory_mb=None,
+        cpus=None,
+        pids_limit=None,
+        network="none",
+        read_only_rootfs=False,
+        image_prefixes=(),
+    )
 
 
 def test_a_heartbeat_carries_its_unacknowledged_finished_reports_as_messages() -> None:
@@ -903,6 +934,36 @@ BAD_MESSAGES = [
         "metrics.memory_used_mb",
         "Expected `int` >= 0",
     ),
+    (
+        "policy-host-network",
+        set_at(LAUNCH, "policy.network", "host"),
+        "launch.policy.network",
+        "'host' is never allowed for a job; use 'none' or a network made for jobs",
+    ),
+    (
+        "policy-container-network",
+        set_at(LAUNCH, "policy.network", "container:db"),
+        "launch.policy.network",
+        "Expected `str` matching regex '^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$'",
+    ),
+    (
+        "policy-memory-zero",
+        set_at(LAUNCH, "policy.memory_mb", 0),
+        "launch.policy.memory_mb",
+        "Expected `int` >= 1",
+    ),
+    (
+        "policy-cpus-too-few",
+        set_at(LAUNCH, "policy.cpus", 0.001),
+        "launch.policy.cpus",
+        "Expected `float` >= 0.01",
+    ),
+    (
+        "policy-empty-prefix",
+        set_at(LAUNCH, "policy.image_prefixes", [""]),
+        "launch.policy.image_prefixes[0]",
+        "Expected `str` of length >= 1",
+    ),
 ]
 
 
@@ -954,6 +1015,7 @@ def test_building_a_message_of_another_version_fails() -> None:
     [
         ("colour", "launch.colour"),
         ("devices.0.extra", "launch.devices[0].extra"),
+        ("policy.privileged", "launch.policy.privileged"),
     ],
 )
 def test_an_unknown_field_of_a_launch_is_refused(path: str, field: str) -> None:

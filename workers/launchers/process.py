@@ -23,13 +23,26 @@ allows one.
 A uid is claimed host-wide (see `JobUids`) from before its job starts until its shim has swept
 it; a sweep of a uid left by an ended attempt first claims it too, so it never reaches a job
 another attempt, on this agent or another one on the host, now runs as that uid.
+
+Limits (see `plan_limits` and `workers/limits.py`): each attempt gets a cgroup v2 of its own
+with memory.max, pids.max and cpu.max where the host has a usable cgroup2 hierarchy, and
+RLIMIT_AS / RLIMIT_NPROC; where no cgroup can be had, the rlimits alone, and the startup banner
+says which is in force.
+
+Images: this launcher runs the command on the host's own filesystem and cannot honour a job's
+image. Unless the image is one the operator declared to mean the host
+(PORTAL_AGENT_PROCESS_HOST_IMAGES), the job's log says so in its first line, or with
+PORTAL_AGENT_PROCESS_IMAGES=refuse the launch is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
+import hashlib
+import json
 import logging
 import os
 import re
@@ -43,12 +56,32 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import workers
 from workers.launch import LEASE_LAPSED_TEXT, LaunchError, LeaseLapsed, job_environment
 from workers.launchers import exit_code_from_returncode
+from workers.limits import (
+    NO_LIMITS,
+    AddressSpace,
+    Cgroups,
+    CgroupUnavailable,
+    JobLimits,
+    capped,
+    cgroup2_mount,
+    cgroup_values,
+    kill_cgroup,
+    populated,
+    remove_cgroup,
+    size_text,
+)
 from workers.protocol import Launch
-from workers.settings import AgentSettings, SettingsError
+from workers.settings import (
+    CGROUP_CHOICES,
+    PROCESS_IMAGE_CHOICES,
+    AgentSettings,
+    SettingsError,
+)
 from workers.shim import (
     FENCED_FILE,
     group_alive,
@@ -57,6 +90,7 @@ from workers.shim import (
     process_is,
     processes,
     read_exit,
+    read_oom_kills,
     read_record,
 )
 
@@ -75,6 +109,8 @@ PROJECT_ROOT = Path(workers.__file__).resolve().parent.parent
 NETWORK_CHOICES = ("auto", "none", "host")
 # How long a sweep waits for a shim it killed to be gone (and its uid claim with it).
 SHIM_GONE_S = 2.0
+# The agents' cgroup subtree when PORTAL_AGENT_JOB_CGROUP_ROOT does not name one.
+CGROUP_ROOT_NAME = "portal-agent"
 
 
 # --- isolation plan ---------------------------------------------------------------------------
@@ -88,6 +124,7 @@ class Isolation:
     network: str  # "isolate" or "host"
     agent_uid: int
     why_host_network: str  # when network is "host": why
+    limits: LimitPlan | None = None  # None: no resource limits at all
 
     def summary(self) -> str:
         if self.uids is not None:
@@ -99,19 +136,24 @@ class Isolation:
             net = "in their own network namespace (no network)"
         else:
             net = f"with the host network ({self.why_host_network})"
-        shared = "CPU, memory, GPU memory, /tmp, /dev/shm, world-readable host files"
+        unlimited = self.limits.unlimited() if self.limits is not None else ["CPU", "memory"]
+        shared = ", ".join([*unlimited, "GPU memory, /tmp, /dev/shm, world-readable host files"])
+        limits = f"; {self.limits.summary()}" if self.limits is not None else ""
         if self.uids is not None and self.network == "isolate":
-            return f"{who} {net}; files: private job directories; not isolated: {shared}"
+            return f"{who} {net}; files: private job directories; not isolated: {shared}{limits}"
         exposed = ["the network"] if self.network == "host" else []
         if self.uids is None:
             exposed.append("the agent's files and processes")
         hint = "; run the agent as root to isolate" if self.agent_uid != 0 else ""
-        return f"{who} {net}; NOT isolated: {', '.join(exposed)}, {shared}{hint}"
+        return f"{who} {net}; NOT isolated: {', '.join(exposed)}, {shared}{limits}{hint}"
 
 
-def plan_isolation(*, job_uids: tuple[int, int] | None, network: str) -> Isolation:
+def plan_isolation(
+    *, job_uids: tuple[int, int] | None, network: str, limits: LimitPlan | None = None
+) -> Isolation:
     """`job_uids` applies to a root agent only; `network` is auto, none or host (see
-    PORTAL_AGENT_JOB_NETWORK in docs/agent.md). `none` that cannot be had is a SettingsError."""
+    PORTAL_AGENT_JOB_NETWORK in docs/agent.md). `none` that cannot be had is a SettingsError.
+    `limits`: what bounds each job's resources (`plan_limits`), said in the summary."""
     if network not in NETWORK_CHOICES:
         raise SettingsError(
             f"PORTAL_AGENT_JOB_NETWORK: must be one of auto, none, host; got {network!r}"
@@ -119,17 +161,156 @@ def plan_isolation(*, job_uids: tuple[int, int] | None, network: str) -> Isolati
     agent_uid = os.geteuid()
     uids = job_uids if agent_uid == 0 else None
     if network == "host":
-        return Isolation(uids, "host", agent_uid, "PORTAL_AGENT_JOB_NETWORK=host")
+        return Isolation(uids, "host", agent_uid, "PORTAL_AGENT_JOB_NETWORK=host", limits)
     refused = _network_isolation_refused()
     if not refused:
-        return Isolation(uids, "isolate", agent_uid, "")
+        return Isolation(uids, "isolate", agent_uid, "", limits)
     if network == "none":
         raise SettingsError(
             "PORTAL_AGENT_JOB_NETWORK: none was asked for but this host cannot give a job its "
             f"own network namespace ({refused}); run the agent as root, allow unprivileged "
             "user namespaces, or set host"
         )
-    return Isolation(uids, "host", agent_uid, f"no network namespace here: {refused}")
+    return Isolation(uids, "host", agent_uid, f"no network namespace here: {refused}", limits)
+
+
+# --- limits plan ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LimitPlan:
+    """What bounds each job here, decided once when the launcher is built: a cgroup v2 per
+    attempt (`cgroups`) with the rlimits beside it, or the rlimits alone."""
+
+    maximum: JobLimits  # the agent's own limits: the most any job gets
+    address_space: AddressSpace
+    cgroups: Cgroups | None  # None: rlimits only
+    controllers: frozenset[str]  # those a job's cgroup gets
+    why_no_cgroup: str  # when cgroups is None: why
+    nproc_per: str  # "uid" (each job its own), "shared" (the agent's uid) or "root" (exempt)
+
+    def address_space_bytes(self, limits: JobLimits) -> int | None:
+        """RLIMIT_AS for a job with `limits`: with "auto", its memory limit only where no cgroup
+        counts memory (CUDA reserves far more address space than it uses)."""
+        if self.address_space == "max":
+            return None
+        if self.address_space == "auto":
+            return None if self.cgroups is not None else limits.memory_bytes
+        return self.address_space
+
+    def unlimited(self) -> list[str]:
+        """Of CPU and memory, what no limit here bounds (for the summary)."""
+        cpu = self.cgroups is None or "cpu" not in self.controllers
+        memory = self.maximum.memory_bytes is None or (
+            self.cgroups is None and self.address_space_bytes(self.maximum) is None
+        )
+        return [name for name, free in (("CPU", cpu), ("memory", memory)) if free]
+
+    def summary(self) -> str:
+        top = self.maximum
+        nproc = {
+            "uid": f"RLIMIT_NPROC {top.nproc} tasks of the job's own uid",
+            "shared": f"RLIMIT_NPROC {top.nproc} tasks more than the agent's user runs (shared "
+            "with the agent's processes: no job uids without root)",
+            "root": "RLIMIT_NPROC not applied (jobs run as root, which it does not bind)",
+        }[self.nproc_per if top.nproc is not None else "uid"]
+        if top.nproc is None:
+            nproc = "RLIMIT_NPROC no limit"
+        address_space = self.address_space_bytes(top)
+        rlimit_as = (
+            f"RLIMIT_AS {size_text(address_space)} (address space, not memory used)"
+            if address_space is not None
+            else ""
+        )
+        if self.cgroups is not None:
+            cpus = "all CPUs" if top.cpus is None else f"{top.cpus:g} CPUs"
+            cpu = f", cpu.max {cpus}" if "cpu" in self.controllers else ", CPU not limited"
+            return (
+                f"limits per job: cgroup v2 under {self.cgroups.root} (memory.max "
+                f"{size_text(top.memory_bytes)}, pids.max {top.nproc or 'no limit'}{cpu}), "
+                + ", ".join(filter(None, [rlimit_as, nproc]))
+            )
+        return (
+            f"limits per job: rlimits only, no cgroup ({self.why_no_cgroup}): "
+            + ", ".join(filter(None, [rlimit_as or "RLIMIT_AS no limit", nproc]))
+            + "; CPU not limited"
+        )
+
+
+def plan_limits(
+    *,
+    maximum: JobLimits,
+    address_space: AddressSpace = "auto",
+    cgroup: str = "auto",
+    cgroup_root: Path | None = None,
+    cgroup_mount: Path | None = None,
+    job_uids: bool,
+) -> LimitPlan:
+    """`cgroup`: auto (a cgroup v2 per job where one can be made, else rlimits only), require
+    (a SettingsError where none can be made) or off. `cgroup_root`: the subtree the agent
+    keeps its jobs' cgroups in (default `<cgroup2 mount>/portal-agent`); `cgroup_mount`: where
+    cgroup2 is mounted (default: found in /proc/self/mountinfo). `job_uids`: each job runs as
+    a uid of its own (the root agent's pool)."""
+    if cgroup not in CGROUP_CHOICES:
+        raise SettingsError(
+            f"PORTAL_AGENT_JOB_CGROUP: must be one of {', '.join(CGROUP_CHOICES)}; got {cgroup!r}"
+        )
+    nproc_per = "uid" if job_uids else "root" if os.geteuid() == 0 else "shared"
+
+    def plan(cgroups: Cgroups | None, controllers: frozenset[str], why: str) -> LimitPlan:
+        return LimitPlan(maximum, address_space, cgroups, controllers, why, nproc_per)
+
+    if cgroup == "off":
+        return plan(None, frozenset(), "PORTAL_AGENT_JOB_CGROUP=off")
+    mount = cgroup_mount or cgroup2_mount()
+    try:
+        if mount is None:
+            raise CgroupUnavailable("no cgroup v2 file system is mounted")
+        cgroups = Cgroups(mount=mount, root=cgroup_root or mount / CGROUP_ROOT_NAME)
+        controllers = cgroups.probe(maximum)
+    except CgroupUnavailable as exc:
+        if cgroup == "require":
+            raise SettingsError(
+                f"PORTAL_AGENT_JOB_CGROUP: require was asked for but no cgroup v2 can limit "
+                f"jobs here: {exc}; give the agent a cgroup v2 subtree with the memory and pids "
+                "controllers (PORTAL_AGENT_JOB_CGROUP_ROOT), or set auto"
+            ) from None
+        return plan(None, frozenset(), str(exc))
+    return plan(cgroups, frozenset(controllers), "")
+
+
+def _number_text(value: float | None) -> str:
+    return "no limit" if value is None else f"{value:g}"
+
+
+def launch_limits(launch: Launch, maximum: JobLimits) -> tuple[JobLimits, tuple[str, ...]]:
+    """The limits of one attempt, and the notes for its log: what the portal's policy asks for
+    the job (memory, CPUs, processes; unset: the agent's own), never above the agent's own
+    (`maximum`, the operator's settings, which win). A job asking more gets the agent's
+    maximum, and its log says so: a process job has no container policy to refuse on, and
+    this node's operator set these maximums for every job it runs."""
+    policy = launch.policy
+    asked = JobLimits(
+        memory_bytes=None if policy.memory_mb is None else policy.memory_mb * 1024 * 1024,
+        nproc=policy.pids_limit,
+        cpus=policy.cpus,
+    )
+    limits = capped(asked, maximum)
+    over = [
+        (what, shown(ask), shown(got), variable)
+        for what, ask, got, variable, shown in (
+            ("memory", asked.memory_bytes, limits.memory_bytes, "MEMORY_MB", size_text),
+            ("processes", asked.nproc, limits.nproc, "NPROC", _number_text),
+            ("CPUs", asked.cpus, limits.cpus, "CPUS", _number_text),
+        )
+        if ask is not None and ask != got
+    ]
+    notes = tuple(
+        f"[agent] the job asked for {what} {ask}; process jobs on this node get at most {got} "
+        f"(PORTAL_AGENT_JOB_{variable})\n"
+        for what, ask, got, variable in over
+    )
+    return limits, notes
 
 
 @functools.cache
@@ -150,13 +331,22 @@ def _network_isolation_refused() -> str:
 
 
 def isolation_summary(settings: AgentSettings) -> str:
-    """One line for the startup banner: what is isolated and what is not on this host."""
+    """One line for the startup banner: what is isolated and what is not on this host, and
+    which limits are in force (a cgroup per job, or rlimits only)."""
     if settings.launcher != "process":
         return "jobs run in containers (docker launcher)"
     try:
-        return plan_isolation(job_uids=settings.job_uids, network=settings.job_network).summary()
+        isolation = plan_isolation(job_uids=settings.job_uids, network=settings.job_network)
+        limits = plan_limits(
+            maximum=settings.job_limits,
+            address_space=settings.job_address_space,
+            cgroup=settings.job_cgroup,
+            cgroup_root=settings.job_cgroup_root,
+            job_uids=isolation.uids is not None,
+        )
     except SettingsError as exc:
         return f"jobs cannot start: {exc}"
+    return dataclasses.replace(isolation, limits=limits).summary()
 
 
 def process_launcher(settings: AgentSettings) -> ProcessLauncher:
@@ -171,6 +361,12 @@ def process_launcher(settings: AgentSettings) -> ProcessLauncher:
         job_uids=settings.job_uids,
         network=settings.job_network,
         private_dir=settings.var_dir,
+        limits=settings.job_limits,
+        address_space=settings.job_address_space,
+        cgroup=settings.job_cgroup,
+        cgroup_root=settings.job_cgroup_root,
+        images=settings.process_images,
+        host_images=settings.process_host_images,
     )
 
 
@@ -277,6 +473,9 @@ class ProcessRun:
         pid: int,
         attempt_dir: Path,
         on_release: Callable[[], None],
+        notes: tuple[str, ...] = (),
+        cgroup: Path | None = None,
+        memory_limit: int | None = None,
     ) -> None:
         self._shim = shim
         self._control = control  # dropping it would close the lifeline: the shim kills the job
@@ -286,6 +485,22 @@ class ProcessRun:
         self.attempt_dir = attempt_dir
         self._on_release = on_release
         self._released = False
+        # Lines for the top of the job's log (the supervisor writes them): what the launcher
+        # did not do as asked, such as the image it could not use.
+        self.notes = notes
+        self.cgroup = cgroup  # the job's cgroup, while the shim keeps it
+        self._memory_limit = memory_limit
+
+    @property
+    def note(self) -> str:
+        """Read after the exit: why the kernel ended the job, when it was over its memory."""
+        kills = read_oom_kills(self.attempt_dir)
+        if not kills:
+            return ""
+        return (
+            f"over its memory limit ({size_text(self._memory_limit)}, cgroup memory.max): the "
+            f"kernel's OOM killer ended {kills} process{'es' if kills > 1 else ''} of the job"
+        )
 
     def output(self) -> Iterator[bytes]:
         """Read once: the pipe is closed when this ends (or is dropped)."""
@@ -315,7 +530,7 @@ class ProcessRun:
         if self._shim.poll() is None:
             self._tell("kill")
         else:
-            kill_leftovers(self.attempt_dir, claims=None)
+            kill_leftovers(self.attempt_dir, claims=None, cgroup=self.cgroup)
 
     def release(self) -> None:
         if self._released:
@@ -397,23 +612,52 @@ class ProcessLauncher:
         job_uids: tuple[int, int] | None = None,
         network: str = "host",
         private_dir: Path | None = None,
+        limits: JobLimits = NO_LIMITS,
+        address_space: AddressSpace = "auto",
+        cgroup: str = "off",
+        cgroup_root: Path | None = None,
+        cgroup_mount: Path | None = None,
+        images: str = "note",
+        host_images: Iterable[str] = (),
     ) -> None:
         """`lease_path`: the agent's lease file, watched by every shim (None: not watched,
         for tests). `job_uids`: the uid pool for a root agent (None: the agent's user).
         `network`: auto, none or host. `private_dir`: a directory (the portal's var dir) none
         of whose contents a job uid may open, apart from the launcher's own tree; a launch is
-        refused while something there is open to them."""
+        refused while something there is open to them. `limits`, `address_space`, `cgroup`,
+        `cgroup_root`, `cgroup_mount`: see `plan_limits`. `images`: note or refuse, for a job
+        whose image is not one of `host_images` (names that stand for the host itself)."""
+        if images not in PROCESS_IMAGE_CHOICES:
+            raise SettingsError(
+                f"PORTAL_AGENT_PROCESS_IMAGES: must be one of {', '.join(PROCESS_IMAGE_CHOICES)};"
+                f" got {images!r}"
+            )
         self.workdir = workdir
         self.mps_root = mps_root
         self._environ = os.environ if environ is None else environ
         self.lease_path = lease_path
         self.fence_grace_s = fence_grace_s
         self.private_dir = private_dir
-        self.isolation = plan_isolation(job_uids=job_uids, network=network)
+        self.images = images
+        self.host_images = frozenset(host_images)
+        isolation = plan_isolation(job_uids=job_uids, network=network)
+        self.limits = plan_limits(
+            maximum=limits,
+            address_space=address_space,
+            cgroup=cgroup,
+            cgroup_root=cgroup_root,
+            cgroup_mount=cgroup_mount,
+            job_uids=isolation.uids is not None,
+        )
+        self.isolation = dataclasses.replace(isolation, limits=self.limits)
         self._uids = JobUids(*self.isolation.uids) if self.isolation.uids else None
         # Where uids are claimed host-wide; also read with the pool off (a root agent's earlier
         # run may have had one).
         self._claims = self._uids.claims if self._uids is not None else JobUids.CLAIMS
+        # Job cgroups are named after the agent's work directory too: agents sharing a host
+        # (and its cgroup root) may run the same job and attempt numbers for other portals.
+        digest = hashlib.sha256(str(workdir.resolve()).encode()).hexdigest()[:8]
+        self._cgroup_prefix = f"{re.sub(r'[^A-Za-z0-9._-]', '_', workdir.name)[:40]}.{digest}"
         log.info("process launcher: %s", self.isolation.summary())
 
     def job_dir(self, launch: Launch) -> Path:
@@ -423,14 +667,44 @@ class ProcessLauncher:
     def work_dir(self, launch: Launch) -> Path:
         return self.job_dir(launch) / WORK_DIR
 
+    def cgroup_of(self, key: tuple[int, int]) -> Path | None:
+        """The attempt's cgroup (None: no cgroups here)."""
+        if self.limits.cgroups is None:
+            return None
+        return self.limits.cgroups.root / f"{self._cgroup_prefix}-{key[0]}-{key[1]}"
+
     def start(self, launch: Launch) -> ProcessRun:
+        notes = self._image_notes(launch)
         uid = self._uids.acquire() if self._uids is not None else None
         try:
-            return self._start(launch, uid)
+            return self._start(launch, uid, notes)
         except BaseException:
             if uid is not None and self._uids is not None:
                 self._uids.release(uid)
             raise
+
+    def _image_notes(self, launch: Launch) -> tuple[str, ...]:
+        """What the job's log says about its image; a LaunchError where the operator refuses
+        jobs whose image this launcher cannot honour."""
+        if launch.image in self.host_images:
+            return ()
+        if self.images == "refuse":
+            instead = (
+                f", or use the image {' or '.join(repr(i) for i in sorted(self.host_images))} "
+                "(this host's own filesystem)"
+                if self.host_images
+                else ""
+            )
+            raise LaunchError(
+                f"the process launcher cannot run the image {launch.image!r} (it runs jobs on "
+                "the host's filesystem) and this node refuses such jobs "
+                f"(PORTAL_AGENT_PROCESS_IMAGES=refuse); run the job on a node with the docker "
+                f"launcher{instead}"
+            )
+        return (
+            f"[agent] the process launcher ignores the image {launch.image!r}: the job runs "
+            "on the host's filesystem\n",
+        )
 
     def reap_leftovers(self, keep: set[tuple[int, int]]) -> list[tuple[int, int]]:
         """Kill what an earlier agent run left running (its shim, the job's process group and
@@ -447,7 +721,7 @@ class ProcessLauncher:
             key = (int(match[1]), int(match[2]))
             if key in keep:
                 continue
-            if kill_leftovers(attempt_dir, claims=self._claims):
+            if kill_leftovers(attempt_dir, claims=self._claims, cgroup=self.cgroup_of(key)):
                 log.warning("killed job %s attempt %s, left running by an earlier agent", *key)
                 killed.append(key)
         return killed
@@ -466,7 +740,7 @@ class ProcessLauncher:
 
     # Start ------------------------------------------------------------------------------------
 
-    def _start(self, launch: Launch, uid: int | None) -> ProcessRun:
+    def _start(self, launch: Launch, uid: int | None, notes: tuple[str, ...]) -> ProcessRun:
         if uid is not None:
             self._refuse_exposed_private_files()
         attempt_dir = self._fresh_attempt_dir(launch)
@@ -478,6 +752,9 @@ class ProcessLauncher:
         base = {k: self._environ[k] for k in PASS_THROUGH_ENV if k in self._environ}
         base["HOME"] = str(work_dir)
         env = job_environment(launch, mps_root=self.mps_root, base=base)
+        limits, capped_notes = launch_limits(launch, self.limits.maximum)
+        notes += capped_notes
+        cgroup = self.cgroup_of((launch.job_id, launch.attempt))
         agent_end, shim_end = socket.socketpair()
         out_read, out_write = os.pipe()
         argv = [
@@ -518,7 +795,9 @@ class ProcessLauncher:
             shim_end.close()
         os.close(out_write)
         try:
-            pid = self._handshake(agent_end, shim, out_read, launch, env)
+            pid = self._handshake(
+                agent_end, shim, out_read, launch, env, self._limits_request(limits, cgroup)
+            )
         except BaseException:
             agent_end.close()  # the lifeline: a shim still running kills what it started
             shim.wait()
@@ -536,7 +815,25 @@ class ProcessLauncher:
             pid=pid,
             attempt_dir=attempt_dir,
             on_release=on_release,
+            notes=notes,
+            cgroup=cgroup,
+            memory_limit=limits.memory_bytes,
         )
+
+    def _limits_request(self, limits: JobLimits, cgroup: Path | None) -> dict[str, Any]:
+        """The limits part of the shim's request (the shim applies them: see its docstring)."""
+        request: dict[str, Any] = {
+            "address_space": self.limits.address_space_bytes(limits),
+            "nproc": limits.nproc,
+            "cgroup": None,
+        }
+        if cgroup is not None and self.limits.cgroups is not None:
+            request["cgroup"] = {
+                "path": str(cgroup),
+                "mount": str(self.limits.cgroups.mount),
+                "values": cgroup_values(limits, controllers=set(self.limits.controllers)),
+            }
+        return request
 
     def _handshake(
         self,
@@ -545,12 +842,11 @@ class ProcessLauncher:
         out_read: int,
         launch: Launch,
         env: Mapping[str, str],
+        limits: Mapping[str, Any],
     ) -> int:
-        import json
-
         control.settimeout(SHIM_REPLY_TIMEOUT_S)
         try:
-            request = {"command": list(launch.command), "env": dict(env)}
+            request = {"command": list(launch.command), "env": dict(env), **limits}
             control.sendall(json.dumps(request).encode() + b"\n")
             reply = b""
             while b"\n" not in reply:
@@ -580,7 +876,8 @@ class ProcessLauncher:
         attempt_dir = self.job_dir(launch)
         jobs = attempt_dir.parent
         if attempt_dir.exists():
-            if attempt_alive(attempt_dir, claims=self._claims):
+            cgroup = self.cgroup_of((launch.job_id, launch.attempt))
+            if attempt_alive(attempt_dir, claims=self._claims, cgroup=cgroup):
                 pgid = read_record(attempt_dir).get("pgid")
                 raise LaunchError(
                     f"attempt already running on this node, started by an earlier agent run "
@@ -622,11 +919,14 @@ class ProcessLauncher:
 # --- what an attempt left behind ----------------------------------------------------------------
 
 
-def attempt_alive(attempt_dir: Path, *, claims: Path) -> bool:
-    """Whether anything of this attempt still runs: its shim, its process group, or a process
-    of its uid while nobody holds the uid's claim (`claims`, see `unclaimed_uid`)."""
+def attempt_alive(attempt_dir: Path, *, claims: Path, cgroup: Path | None = None) -> bool:
+    """Whether anything of this attempt still runs: its shim, its process group, a process in
+    its cgroup, or a process of its uid while nobody holds the uid's claim (`claims`, see
+    `unclaimed_uid`)."""
     record = read_record(attempt_dir)
     if process_is(record.get("shim"), record.get("shim_start")):
+        return True
+    if cgroup is not None and populated(cgroup):
         return True
     pgid = record.get("pgid")
     if pgid and group_alive(pgid, record.get("pgid_start")):
@@ -638,11 +938,12 @@ def attempt_alive(attempt_dir: Path, *, claims: Path) -> bool:
         return unclaimed
 
 
-def kill_leftovers(attempt_dir: Path, *, claims: Path | None) -> bool:
+def kill_leftovers(attempt_dir: Path, *, claims: Path | None, cgroup: Path | None = None) -> bool:
     """Kill whatever of this attempt still runs; whether anything did. `claims`: where uids
     are claimed host-wide; the processes of the attempt's uid are killed only while nobody
     holds it (they may be another attempt's now). None: the caller still holds the uid for
-    this attempt (`ProcessRun.reap`), so every process of it is this attempt's."""
+    this attempt (`ProcessRun.reap`), so every process of it is this attempt's. `cgroup`: the
+    attempt's cgroup, killed whole and removed (its shim, killed itself, could not)."""
     record = read_record(attempt_dir)
     killed = False
     shim = record.get("shim")
@@ -652,6 +953,12 @@ def kill_leftovers(attempt_dir: Path, *, claims: Path | None) -> bool:
         # The shim holds the uid's claim until it is gone: wait, or the uid looks taken.
         _wait_gone(shim, record.get("shim_start"), within=SHIM_GONE_S)
         killed = True
+    if cgroup is not None and cgroup.exists():
+        if populated(cgroup):
+            with contextlib.suppress(OSError):
+                kill_cgroup(cgroup)
+            killed = True
+        remove_cgroup(cgroup)
     pgid = record.get("pgid")
     if pgid and group_alive(pgid, record.get("pgid_start")):
         kill_group(pgid, signal.SIGKILL)

@@ -150,6 +150,9 @@ class Command(BaseCommand):
             )
         )
         supervisor.start(
+            processes.lease_worker_spec(instance="local", env=env, loglevel=celery_loglevel)
+        )
+        supervisor.start(
             processes.beat_spec(
                 schedule_file=var_dir / "celerybeat-schedule", env=env, loglevel=celery_loglevel
             )
