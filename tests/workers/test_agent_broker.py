@@ -84,6 +84,7 @@ def broker_url(tmp_path: Path) -> Iterator[str]:
             client.ping()
         except redis.RedisError as exc:
             unavailable(f"Redis at {url} is unreachable: {exc}")
+        client.delete(CONTROL_QUEUE, LEASE_QUEUE)  # what another run left in database 7
         yield url
         client.delete(CONTROL_QUEUE, LEASE_QUEUE)  # what the agent left, in our database 7 only
         client.close()
