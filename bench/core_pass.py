@@ -18,11 +18,13 @@ Two snapshots:
 Each call gets a new ``nodes`` tuple, as a shell that reads the database builds one every
 pass (so the core's cache of the node list never helps); ``warm_median_ms`` passes the same
 tuple again, as the simulator does. ``python -m bench.core_pass`` prints the figures;
-``run()`` returns them for ``make bench``.
+``run()`` returns them for ``make bench``. ``python -m bench.core_pass --caches`` times the
+pass with each of its caches switched off in turn (docs/scheduling.md#speed).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import statistics
@@ -31,6 +33,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scheduler import (
+    ALL_CACHES,
+    Cache,
     Dependency,
     DependencyState,
     GpuRequest,
@@ -280,8 +284,78 @@ def run(repeats: int = 20) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    print(json.dumps(run(), indent=2))
+OVERLAPPING: tuple[frozenset[Cache], ...] = (
+    frozenset({Cache.VERDICTS, Cache.WHY_NOT}),
+    frozenset({Cache.SHARED_REASONS, Cache.SAME_NUMBERS}),
+)
+
+
+def cache_gains(
+    repeats: int = 15, scenarios: tuple[str, ...] = ("steady", "burst")
+) -> dict[str, Any]:
+    """What each cache of the pass gains: each variant (one cache off, or two that stand in
+    for each other) is timed right after a pass with every cache on, and the gain is the
+    median of those paired differences (a machine that slows down or speeds up shifts both
+    sides of a pair alike), next to the difference of the fastest passes. Cold passes get a
+    new nodes tuple, as the portal's shell does; warm ones pass the same tuple again, as the
+    simulator does (only there can the node-list cache hit)."""
+    variants: dict[str, frozenset[Cache]] = {
+        f"{cache.value} off": ALL_CACHES - {cache} for cache in Cache
+    }
+    # Caches that stand in for each other: what one of them gains shows only with both off.
+    for pair in OVERLAPPING:
+        variants[" + ".join(sorted(c.value for c in pair)) + " off"] = ALL_CACHES - pair
+    modes = {
+        "cold, explained": (True, True),
+        "cold, not explained": (True, False),
+        "warm, explained": (False, True),
+    }
+    out: dict[str, Any] = {}
+    for scenario in scenarios:
+        snapshot = build_snapshot(scenario)
+        schedule(snapshot, now=NOW, config=SchedulerConfig())  # first-call costs out of the way
+        pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for _ in range(repeats):
+            for mode, (fresh, explain) in modes.items():
+                every = SchedulerConfig(explain=explain)
+                for name, caches in variants.items():
+                    config = SchedulerConfig(explain=explain, caches=caches)
+                    base = _time(snapshot, every, 1, fresh)[0]
+                    pairs.setdefault((mode, name), []).append(
+                        (base, _time(snapshot, config, 1, fresh)[0])
+                    )
+        table: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            bases = [base for name in variants for base, _ in pairs[(mode, name)]]
+            table[mode] = {
+                "all on ms (median, min)": [_ms(statistics.median(bases)), _ms(min(bases))]
+            }
+            for name in variants:
+                measured = pairs[(mode, name)]
+                paired = statistics.median(off - base for base, off in measured)
+                fastest = min(off for _, off in measured) - min(base for base, _ in measured)
+                table[mode][f"{name}: +ms (paired median, fastest)"] = [_ms(paired), _ms(fastest)]
+        out[scenario] = table
+    return out
+
+
+def _ms(value: float) -> float:
+    return round(value, 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.core_pass", description=__doc__)
+    parser.add_argument(
+        "--repeats", type=int, help="passes per figure (default 20; 15 with --caches)"
+    )
+    parser.add_argument(
+        "--caches", action="store_true", help="measure what each cache of the pass gains"
+    )
+    args = parser.parse_args(argv)
+    if args.caches:
+        print(json.dumps(cache_gains(repeats=args.repeats or 15), indent=2))
+    else:
+        print(json.dumps(run(repeats=args.repeats or 20), indent=2))
 
 
 if __name__ == "__main__":

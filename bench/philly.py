@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from scheduler import schedule
 from scheduler.sim.cluster import ClusterSpec, build_teams
-from scheduler.sim.runner import Scenario, core_schedule, run_private, simulate
+from scheduler.sim.runner import Scenario, run_private, simulate
 from scheduler.sim.trace import load_quotas, load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,15 +61,14 @@ def run(
     quota_file = Path(quotas_path) if quotas_path else trace.parent / "vc_quota_nodes.csv"
     jobs = tuple(load_trace(trace, limit=limit_jobs))
     quotas = load_quotas(quota_file) if quota_file.exists() else None
-    core = core_schedule()
     results: list[dict[str, Any]] = []
     for gpus in gpu_sizes:
         cluster = ClusterSpec(gpus)
         teams = build_teams((job.tenant for job in jobs), quotas, gpus)
         scenario = Scenario(jobs=jobs, cluster=cluster, teams=teams, trace_name=str(trace))
-        private = run_private(scenario, core)
+        private = run_private(scenario, schedule)
         for policy in policies:
-            report, _ = simulate(scenario, policy, schedule=core, private=private)
+            report, _ = simulate(scenario, policy, private=private)
             print(
                 f"  {policy} on {gpus} GPUs: mean wait {report['mean_wait_s']:.0f} s, "
                 f"utilisation {report['utilisation_vs_bound']:.2%} of bound, "

@@ -4,7 +4,7 @@ No Django, no Celery, no I/O, no clock: the portal's shell and the simulator bui
 ``Snapshot``, call ``schedule`` and apply the ``Decisions``.
 """
 
-from scheduler.config import Policy, SchedulerConfig
+from scheduler.config import ALL_CACHES, Cache, Policy, SchedulerConfig
 from scheduler.core import schedule
 from scheduler.model import (
     MIG_COMPUTE_SLICES_PER_GPU,
@@ -30,8 +30,10 @@ from scheduler.model import (
 from scheduler.units import billed_units, decay, mig_units, parse_mig_profile
 
 __all__ = [
+    "ALL_CACHES",
     "MIG_COMPUTE_SLICES_PER_GPU",
     "Assign",
+    "Cache",
     "Decisions",
     "Dependency",
     "DependencyKind",

@@ -241,10 +241,14 @@ def set_aside_again(index: FreeIndex, reservation: Reservation, back: Sequence[S
 class Estimator:
     """Earliest times a request could fit, from the free state at the end of a pass."""
 
-    def __init__(self, index: FreeIndex, timeline: Timeline, now: float) -> None:
+    def __init__(
+        self, index: FreeIndex, timeline: Timeline, now: float, *, remember: bool = True
+    ) -> None:
         self._index = index
         self._timeline = timeline
         self._now = now
+        # The levels of each pool, once computed (``Cache.ESTIMATES``).
+        self._remember = remember
         self._single: dict[Pool, list[tuple[int, float]]] = {}
         self._spread: dict[Pool, list[tuple[int, float]]] = {}
 
@@ -274,7 +278,8 @@ class Estimator:
             if new > level:
                 level = new
                 levels.append((level, max(end, self._now)))
-        cache[pool] = levels
+        if self._remember:
+            cache[pool] = levels
         return levels
 
     def _free_counts(self, pool: Pool) -> dict[int, int]:

@@ -82,19 +82,23 @@ class ClusterShape:
         )
         found = self._requests.get(memo_key)
         if found is None:
-            pools = self.pools_for(request)
-            minimum = request.minimum
-            largest = max((self.pool_max_node[p] for p in pools), default=0)
-            if not pools:
-                ever = False
-            elif request.multi_node:
-                ever = sum(sum(self.pool_capacity[p].values()) for p in pools) >= minimum
-            else:
-                ever = largest >= minimum
-            unit = min((self.pool_slice_units[p] for p in pools), default=1.0)
-            found = RequestInfo(pools, minimum, unit, ever, largest)
-            self._requests[memo_key] = found
+            found = self._requests[memo_key] = self.describe(request, self.pools_for(request))
         return found
+
+    def describe(self, request: GpuRequest, pools: tuple[Pool, ...] | None = None) -> RequestInfo:
+        """What the cluster offers ``request``, computed afresh (``request_info`` memoises)."""
+        if pools is None:
+            pools = self._matching_pools(request)
+        minimum = request.minimum
+        largest = max((self.pool_max_node[p] for p in pools), default=0)
+        if not pools:
+            ever = False
+        elif request.multi_node:
+            ever = sum(sum(self.pool_capacity[p].values()) for p in pools) >= minimum
+        else:
+            ever = largest >= minimum
+        unit = min((self.pool_slice_units[p] for p in pools), default=1.0)
+        return RequestInfo(pools, minimum, unit, ever, largest)
 
     def pools_for(self, request: GpuRequest) -> tuple[Pool, ...]:
         """The pools whose slices match ``request`` (kind, MIG profile, model if named)."""
@@ -102,10 +106,13 @@ class ClusterShape:
         key = (request.kind, profile, request.model)
         found = self._request_pools.get(key)
         if found is None:
-            candidates = self.pools_by_kind.get((request.kind, profile), [])
-            found = tuple(p for p in candidates if not request.model or p[2] == request.model)
-            self._request_pools[key] = found
+            found = self._request_pools[key] = self._matching_pools(request)
         return found
+
+    def _matching_pools(self, request: GpuRequest) -> tuple[Pool, ...]:
+        profile = request.profile.strip().lower() if request.kind is SliceKind.MIG else ""
+        candidates = self.pools_by_kind.get((request.kind, profile), [])
+        return tuple(p for p in candidates if not request.model or p[2] == request.model)
 
 
 def build_shape(nodes: Sequence[Node]) -> ClusterShape:
@@ -192,12 +199,15 @@ _SHAPES: dict[int, tuple[tuple[Node, ...], ClusterShape]] = {}
 _SHAPES_KEPT = 4
 
 
-def shape_of(nodes: tuple[Node, ...]) -> ClusterShape:
-    """The shape of ``nodes``, from the cache when the caller passes the same tuple again.
+def shape_of(nodes: tuple[Node, ...], *, remember: bool = True) -> ClusterShape:
+    """The shape of ``nodes``, from the cache when the caller passes the same tuple again
+    (``remember=False``: built afresh, ``Cache.NODE_LIST`` switched off).
 
     The cache keeps the tuple itself alive next to its shape, so an ``id`` is never reused
     for a different tuple while its entry exists; tuples are immutable, so the shape stays true.
     """
+    if not remember:
+        return build_shape(nodes)
     entry = _SHAPES.get(id(nodes))
     if entry is not None and entry[0] is nodes:
         return entry[1]

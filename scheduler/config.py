@@ -14,6 +14,28 @@ class Policy(enum.StrEnum):
     FIFO_BACKFILL = "fifo_backfill"  # baseline: submit order with reservation backfill
 
 
+class Cache(enum.StrEnum):
+    """The memoisation a pass may use (``scheduler/memo.py`` lists what each one keeps).
+
+    None of them changes a decision, only what a pass costs: the property tests run with all
+    of them off and compare, and ``python -m bench.core_pass --caches`` measures each one's
+    gain (docs/scheduling.md#speed).
+    """
+
+    VERDICTS = "verdicts"  # a job shaped like one that just failed, nothing changed since
+    WHY_NOT = "why_not"  # why a (team, request) fits nowhere, across users and classes
+    SHARED_REASONS = "shared_reasons"  # one reason and estimate per alike explanation
+    SAME_NUMBERS = "same_numbers"  # ... found by the identity of a shared verdict's numbers
+    RELEASES = "releases"  # when a team's (member's) own jobs free its quota, per team
+    ESTIMATES = "estimates"  # the time line of free capacity per pool, for estimates
+    FACTORS = "factors"  # fair-share factors between charges
+    NODE_LIST = "node_list"  # the node list's static index, by the identity of the tuple
+    REQUESTS = "requests"  # what the cluster offers each distinct request
+
+
+ALL_CACHES: frozenset[Cache] = frozenset(Cache)
+
+
 def _default_priority_classes() -> tuple[str, ...]:
     return ("low", "normal", "high")
 
@@ -62,6 +84,9 @@ class SchedulerConfig:
     # (1 = EASY backfill; 0 = backfill without protection, like ``backfill=False`` only
     # greedier).
     max_reservations: int = 1
+    # The memoisation a pass may use (all by default). Only tests and the benchmark switch
+    # caches off, to check that no decision depends on them and to measure what each gains.
+    caches: frozenset[Cache] = ALL_CACHES
 
     def __post_init__(self) -> None:
         _check(len(self.priority_classes) > 0, "priority_classes", "at least one class name")
@@ -81,6 +106,11 @@ class SchedulerConfig:
         )
         _check(self.history_weight >= 0, "history_weight", "a number >= 0")
         _check(self.max_reservations >= 0, "max_reservations", "an integer >= 0")
+        _check(
+            all(isinstance(name, Cache) for name in self.caches),
+            "caches",
+            "a set of " + ", ".join(name.value for name in Cache),
+        )
         for model, weight in self.model_weights.items():
             _check(weight > 0, f"model_weights[{model!r}]", "a number > 0")
 

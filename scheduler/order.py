@@ -14,8 +14,10 @@ The order is *dynamic*: each time a job is placed its team's and user's E grow a
 within one pass the next free GPU goes to whoever is then furthest below its share (water
 filling), not to whoever was lowest when the pass began.
 
-The core runs each class in two rounds (jobs within their team's guarantee first, then the
-rest), each round one ``FairQueue``.
+``FairShareRules`` are the portal's policy as the pass (``scheduler.core``) asks for it: each
+class in two rounds (jobs within their team's guarantee first, then the rest), each round
+one ``FairQueue``; a job that fits nowhere preempts when a rule lets it, else reserves.
+The FIFO baselines answer the same questions in ``scheduler.baselines``.
 
 Starvation bound: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer
 than another job of its class and round (1,000 h, about six weeks, with the default 0.002)
@@ -33,14 +35,37 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
+from scheduler.cluster import Pool
+from scheduler.config import Cache, SchedulerConfig
 from scheduler.model import Job, Team
+from scheduler.quota import under_guarantee, within_guarantee
+from scheduler.units import decayed_rate
+
+if TYPE_CHECKING:
+    from scheduler.core import Cycle
 
 AgeKey = tuple[float, float, str]
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A pending job as one pass considers it (made in step 2, nominate)."""
+
+    job: Job
+    team: Team
+    rank: int  # priority class rank (0 = lowest)
+    pools: tuple[Pool, ...]
+    unit: float  # units of one slice (the smallest among its pools), for quota checks
+    minimum: int
+    count: int
+    # What decides whether it finds room, besides the state of the pass (the verdict key,
+    # see ``scheduler.memo``).
+    shape: tuple[object, ...] = ()
 
 
 def age_key(job: Job) -> AgeKey:
@@ -57,6 +82,8 @@ class FairShare:
     team_fair: dict[str, float]
     user_e: dict[tuple[str, str], float]
     user_fair: dict[tuple[str, str], float]
+    # Factors computed since the last charge of their team or user (``Cache.FACTORS``).
+    remember: bool = True
     _team_f: dict[str, float] = field(default_factory=dict)
     _user_f: dict[tuple[str, str], float] = field(default_factory=dict)
 
@@ -64,7 +91,8 @@ class FairShare:
         found = self._team_f.get(team)
         if found is None:
             found = _factor(self.team_e.get(team, 0.0), self.team_fair.get(team, 0.0))
-            self._team_f[team] = found
+            if self.remember:
+                self._team_f[team] = found
         return found
 
     def user_factor(self, team: str, user: str) -> float:
@@ -72,7 +100,8 @@ class FairShare:
         found = self._user_f.get(key)
         if found is None:
             found = _factor(self.user_e.get(key, 0.0), self.user_fair.get(key, 0.0))
-            self._user_f[key] = found
+            if self.remember:
+                self._user_f[key] = found
         return found
 
     def charge(self, team: str, user: str, billed: float) -> None:
@@ -98,6 +127,7 @@ def fair_share(
     user_usage: Mapping[tuple[str, str], float],
     history_per_unit: float,
     capacity: float,
+    remember: bool = True,
 ) -> FairShare:
     """Fair-share standing at the start of a pass.
 
@@ -123,7 +153,7 @@ def fair_share(
         per_user = max(fair, team_e[name]) / len(users)
         for user in users:
             user_fair[(name, user)] = per_user
-    return FairShare(team_e, team_fair, user_e, user_fair)
+    return FairShare(team_e, team_fair, user_e, user_fair, remember)
 
 
 def _weight(teams: Mapping[str, Team], name: str) -> float:
@@ -235,7 +265,7 @@ class FairQueue(Generic[T]):
                     factor = fair.team_factor(name)
                 heappush(heap, (-(factor + boost), key, name))
 
-    def keep_teams(self, teams: set[str]) -> list[T]:
+    def keep_teams(self, teams: Set[str]) -> list[T]:
         """Drop every team but ``teams`` from the queue; the items dropped.
 
         The kept teams' jobs come in the same relative order as before: a team's keys depend
@@ -263,11 +293,125 @@ class FairQueue(Generic[T]):
         ]
 
 
-def leading_team(fair: FairShare, teams: Iterable[str]) -> tuple[str, float]:
-    """The team with the highest factor among ``teams`` (ties by name)."""
-    best = ("", -1.0)
-    for name in sorted(teams):
-        factor = fair.team_factor(name)
-        if factor > best[1]:
-            best = (name, factor)
-    return best
+def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tuple[str, float]]:
+    """The ``count`` teams with the highest factors among ``teams`` (ties by name), highest
+    first, with their factors."""
+    ranked = sorted((-fair.team_factor(name), name) for name in teams)
+    return [(name, -negative) for negative, name in ranked[:count]]
+
+
+class Ordered:
+    """The candidates of one round in order: a fair queue, or a fixed list (submit order)."""
+
+    def __init__(self, group: Sequence[Candidate], queue: FairQueue[Candidate] | None) -> None:
+        self._group = group
+        self._queue = queue
+        self._yielded = 0
+
+    def __iter__(self) -> Iterator[Candidate]:
+        if self._queue is not None:
+            return iter(self._queue)
+        return self._fixed()
+
+    def _fixed(self) -> Iterator[Candidate]:
+        for c in self._group:
+            self._yielded += 1
+            yield c
+
+    def keep_teams(self, teams: Set[str]) -> list[Candidate]:
+        """Keep only ``teams`` in the queue; the candidates dropped."""
+        if self._queue is not None:
+            return self._queue.keep_teams(teams)
+        rest = self.rest()
+        self._group = [*self._group[: self._yielded], *(c for c in rest if c.job.team in teams)]
+        return [c for c in rest if c.job.team not in teams]
+
+    def rest(self) -> list[Candidate]:
+        """The candidates not yielded yet."""
+        if self._queue is not None:
+            return self._queue.rest()
+        return list(self._group[self._yielded :])
+
+
+# --- the rules of the portal's policy ---------------------------------------------------------
+
+
+class FairShareRules:
+    """The portal's policy: priority classes, highest first; inside a class two rounds, the
+    jobs within their team's guarantee first, each in fair-share order; a job that fits
+    nowhere preempts when a rule lets it, else gets a backfill reservation."""
+
+    classes = True
+    fair_order = True
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._config = config
+        self.reclaim = config.reclaim
+        self.by_priority = config.preempt_by_priority
+
+    def rounds(self, cycle: Cycle, candidates: list[Candidate]) -> Iterator[list[Candidate]]:
+        by_rank: dict[int, list[Candidate]] = {}
+        for c in candidates:
+            group = by_rank.get(c.rank)
+            if group is None:
+                group = by_rank[c.rank] = []
+            group.append(c)
+        cycle.fair = self._standing(cycle, by_rank.values())
+        for rank in sorted(by_rank, reverse=True):
+            yield from self._phases(cycle, by_rank[rank])
+
+    def _standing(self, cycle: Cycle, groups: Iterable[list[Candidate]]) -> FairShare:
+        """The fair-share standing of the teams and users with pending work."""
+        active: dict[str, set[str]] = {}
+        for group in groups:
+            for c in group:
+                job = c.job
+                users = active.get(job.team)
+                if users is None:
+                    users = active[job.team] = set()
+                users.add(job.user)
+        config = self._config
+        return fair_share(
+            teams=cycle.snapshot.teams,
+            active=active,
+            team_held=cycle.ledger.team_billed,
+            user_held=cycle.ledger.user_billed,
+            user_usage=cycle.snapshot.user_usage,
+            history_per_unit=config.history_weight * decayed_rate(1.0, config.usage_half_life_s),
+            capacity=cycle.shape.total_units,
+            remember=Cache.FACTORS in config.caches,
+        )
+
+    def _phases(self, cycle: Cycle, group: list[Candidate]) -> Iterator[list[Candidate]]:
+        """One class in two rounds: first the jobs that stay within their team's guarantee,
+        then everything else. So freed capacity goes to a team under its guarantee before
+        any team borrows it; a job the first round finds borrowing after all (its team got
+        capacity meanwhile) moves to the second round."""
+        ledger = cycle.ledger.team
+        under = under_guarantee({c.job.team for c in group}, ledger, cycle.teams)
+        inside = [
+            c
+            for c in group
+            if c.job.team in under and within_guarantee(c, ledger.get(c.job.team, 0.0))
+        ]
+        if inside:
+            cycle.first_round = True
+            yield inside
+            cycle.first_round = False
+        chosen = {id(c) for c in inside}
+        yield [c for c in group if id(c) not in chosen] + cycle.deferred
+        cycle.deferred = []
+
+    def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
+        queue = FairQueue(
+            ((c.job, c) for c in jobs),
+            cycle.fair,
+            now=cycle.now,
+            aging_per_hour=self._config.aging_per_hour,
+        )
+        return Ordered(jobs, queue)
+
+    def blocked(self, cycle: Cycle, c: Candidate) -> bool:
+        if cycle.preempt_for(c):
+            return True
+        return self._config.backfill and cycle.reserve(c)

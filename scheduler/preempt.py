@@ -1,10 +1,16 @@
-"""Choosing victims: the fewest, least important, most recently started preemptible jobs.
+"""Preemption: who may preempt, whom, and the fewest, least important victims.
 
-A victim must be preemptible, have run at least ``min_run_time_s`` and not already be in its
-grace period; which jobs qualify beyond that (reclaim of borrowed capacity, lower priority
-class) is the caller's rule, passed in as a predicate. Slices of jobs already in their grace
-period count as *freeing soon*: a job entitled to preempt claims them before choosing new
-victims, so one shortage never costs two victims.
+The rules (``Preemption``): a job whose team stays within its guarantee reclaims borrowed
+capacity, taking only from teams that hold more than their own guarantee (counted without
+their jobs already being stopped) and sparing jobs that have run longer than
+``reclaim_max_run_s``; with ``preempt_by_priority`` a job preempts jobs of lower classes.
+Never a job that is not preemptible or has run less than ``min_run_time_s``.
+
+Choosing (``Preemptor``): a victim must also not already be in its grace period. Slices of
+jobs in their grace period count as *freeing soon*: a job entitled to preempt claims them
+before choosing new victims, so one shortage never costs two victims. Victims go lowest
+class first, then most recently started, and the search stops at the first node where they
+make room.
 
 MPS shares are not reclaimed by preemption: a GPU's shares serve one team, so freeing some
 of them would not let another team in. Whole GPUs and MIG instances are.
@@ -13,11 +19,15 @@ of them would not let another team in. Whole GPUs and MIG instances are.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.cluster import FreeIndex, Pool
-from scheduler.model import RunningJob, Slice, SliceKind
+from scheduler.config import SchedulerConfig
+from scheduler.model import Job, RunningJob, Slice, SliceKind, Team
+from scheduler.order import Candidate
+from scheduler.quota import EPS, Held, Ledger, guaranteed, within_guarantee
 
 
 @dataclass(slots=True)
@@ -55,9 +65,113 @@ class Choice:
 _Candidate = tuple[tuple[int, float, str], int, int, Holder]
 
 
+class Preemption:
+    """The preemption rules of one pass, over a ``Preemptor`` built when first needed."""
+
+    def __init__(
+        self,
+        index: FreeIndex,
+        held: Sequence[Held],
+        *,
+        config: SchedulerConfig,
+        now: float,
+        teams: Mapping[str, Team],
+        classes: Mapping[str, int],
+        pending: Sequence[Job],
+    ) -> None:
+        self._index = index
+        self._held = held
+        self._config = config
+        self._now = now
+        self._teams = teams
+        self._classes = classes
+        self._pending = pending
+        self._preemptor: Preemptor | None = None
+        limit = config.reclaim_max_run_s
+        # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
+        self._protected = -math.inf if limit is None else now - limit
+
+    def victims_for(self, c: Candidate, ledger: Ledger) -> list[tuple[Holder, str]] | None:
+        """Victims that make room for ``c``, each with why ("reclaim" or "priority"); [] when
+        slices already freeing soon make the room; None when no rule lets ``c`` preempt or
+        no victims would make room."""
+        config, job = self._config, c.job
+        reclaim = config.reclaim and within_guarantee(c, ledger.team.get(job.team, 0.0))
+        by_priority = config.preempt_by_priority and c.rank > 0
+        if not (reclaim or by_priority):
+            return None
+        preemptor = self._preemptor
+        if preemptor is None:
+            preemptor = self._preemptor = Preemptor(
+                self._index,
+                self._holders(ledger),
+                now=self._now,
+                min_run_time_s=config.min_run_time_s,
+            )
+        if preemptor.claim_soon(c.pools, job.team, c.minimum) is not None:
+            return []
+        teams, protected = self._teams, self._protected
+
+        def eligible(holder: Holder, held: float) -> bool:
+            if (
+                reclaim
+                and holder.team != job.team
+                and held > guaranteed(teams, holder.team) + EPS
+                and holder.run.started_at >= protected
+            ):
+                return True
+            return by_priority and holder.rank < c.rank
+
+        kept = ledger.kept()
+
+        def team_may(team: str) -> bool:
+            # Reclaim only takes from teams borrowing now; by class, any team may lose.
+            borrowing = team != job.team and kept.get(team, 0.0) > guaranteed(teams, team) + EPS
+            return by_priority or borrowing
+
+        choice = preemptor.choose(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
+        if choice is None:
+            return None
+        return [
+            (victim, "reclaim" if reclaim and victim.team != job.team else "priority")
+            for victim in choice.victims
+        ]
+
+    def _holders(self, ledger: Ledger) -> list[Holder]:
+        """The running jobs preemption may look at: victims in their grace period (their
+        slices free soon) and jobs some rule could pick (a team borrowing now for reclaim,
+        a class below the highest pending one for priority)."""
+        config, classes, teams = self._config, self._classes, self._teams
+        borrowing = {
+            name for name, units in ledger.kept().items() if units > guaranteed(teams, name) + EPS
+        }
+        top = max((classes.get(j.priority, 0) for j in self._pending), default=0)
+        oldest = self._now - config.min_run_time_s
+        out = []
+        for run, held, units, _ in self._held:
+            rank = classes.get(run.job.priority, 0)
+            if run.preempting_since is None:
+                if not run.job.preemptible or run.started_at > oldest:
+                    continue
+                by_reclaim = (
+                    config.reclaim
+                    and run.job.team in borrowing
+                    and run.started_at >= self._protected
+                )
+                if not (by_reclaim or (config.preempt_by_priority and rank < top)):
+                    continue
+            out.append(Holder(run, rank, held, units, run.job.team))
+        return out
+
+
 class Preemptor:
     def __init__(
-        self, index: FreeIndex, holders: Sequence[Holder], *, now: float, min_run_time_s: float
+        self,
+        index: FreeIndex,
+        holders: Sequence[Holder],
+        *,
+        now: float,
+        min_run_time_s: float,
     ) -> None:
         self._index = index
         node_of = index.shape.slice_node
@@ -66,12 +180,6 @@ class Preemptor:
         # Per pool and team, every possible victim in victim order, with the node it holds
         # slices on and how many slices of the pool it frees there.
         self._candidates: dict[Pool, dict[str, list[_Candidate]]] = {}
-        # Searches that found nothing: (pools, team, rank, rule) -> the smallest failed need.
-        # Within a pass victims only get fewer, so a bigger need would fail as well.
-        self._failed: dict[tuple[tuple[Pool, ...], str, int, str], int] = {}
-        # Claims that found nothing, by (pools, team) -> smallest failed need, valid while no
-        # slice was added to ``soon`` (free slices only get fewer within a pass).
-        self._claims_failed: dict[tuple[tuple[Pool, ...], str], int] = {}
         ordered = sorted((h.victim_order(), h) for h in holders if h.slices)
         for order, holder in ordered:
             run = holder.run
@@ -99,9 +207,6 @@ class Preemptor:
 
     def claim_soon(self, pools: Sequence[Pool], team: str, need: int) -> list[Slice] | None:
         """Slices freeing soon that, with the free ones, fit ``need`` on one node."""
-        failed_key = (tuple(pools), team)
-        if self._claims_failed.get(failed_key, need + 1) <= need:
-            return None
         best: tuple[int, Pool, int] | None = None
         for pool in pools:
             for node, items in self.soon.get(pool, {}).items():
@@ -111,7 +216,6 @@ class Preemptor:
                 if fits and (best is None or (len(items), node) < (best[0], best[2])):
                     best = (len(items), pool, node)
         if best is None:
-            self._claims_failed[failed_key] = need
             return None
         _, pool, node = best
         missing = need - self._index.node_free(pool, team, node)
@@ -127,7 +231,6 @@ class Preemptor:
         eligible: Eligible,
         team_units: dict[str, float],
         *,
-        rule: tuple[int, str],
         team_may: TeamMay | None = None,
     ) -> Choice | None:
         """Victims on one node that, with its free and freeing slices, fit ``need``.
@@ -136,15 +239,11 @@ class Preemptor:
         stops at the first node where the ones met so far make room, so the victims are the
         first ones the rule names, and few of them.
         """
-        failed_key = (tuple(pools), team, rule[0], rule[1])
-        if self._failed.get(failed_key, need + 1) <= need:
-            return None
         for pool in pools:
             found = self._walk(pool, team, need, eligible, team_units, team_may)
             if found is not None:
                 node, victims = found
                 return self._commit(pool, node, team, need, victims)
-        self._failed[failed_key] = min(need, self._failed.get(failed_key, need))
         return None
 
     def _walk(
@@ -182,7 +281,6 @@ class Preemptor:
 
     def _commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
         node_of = self._index.shape.slice_node
-        self._claims_failed.clear()  # more slices are freeing now
         for victim in victims:
             victim.chosen = True
             for item in victim.slices:

@@ -1,9 +1,10 @@
 """Running a policy on a scenario and turning the replay into the report's JSON.
 
-Policies: ``fairshare`` (the portal's policy), ``fifo`` and ``fifo_backfill`` (baselines
-through the same core with another ``Policy``), and ``private``: every team alone on a
-partition the size of its guarantee, run through the same core with FIFO + backfill; a
-job larger than its team's partition is left out of that baseline and counted.
+Policies: ``fairshare`` (the portal's policy), ``fifo`` and ``fifo_backfill`` (the baselines
+of ``scheduler/baselines.py``, through the same core with another ``Policy``), and
+``private``: every team alone on a partition the size of its guarantee, run through the same
+core with FIFO + backfill; a job larger than its team's partition is left out of that
+baseline and counted.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from scheduler import core
 from scheduler.config import Policy, SchedulerConfig
-from scheduler.model import Decisions, Snapshot
 from scheduler.sim.cluster import DEFAULT_QUOTA_NODES, ClusterSpec, TeamSpec, build_nodes
-from scheduler.sim.engine import ProgressFn, ScheduleFn, SimResult, SimulationError, replay
+from scheduler.sim.engine import ProgressFn, ScheduleFn, SimResult, replay
 from scheduler.sim.metrics import TeamResult, per_team, sharing_incentive, summarise
 from scheduler.sim.records import JobRecord
 from scheduler.sim.trace import TraceJob
@@ -66,28 +67,6 @@ def assign_users(jobs: Sequence[TraceJob], users_per_team: int, seed: int) -> li
         job if job.user else replace(job, user=f"{job.tenant}-u{rng.randrange(users_per_team)}")
         for job in jobs
     ]
-
-
-def core_schedule() -> ScheduleFn:
-    """The core's ``schedule()``, imported when a replay starts."""
-    import importlib
-
-    import scheduler
-
-    found = getattr(scheduler, "schedule", None)
-    if found is None:
-        try:  # the core may not re-export it from the package yet
-            found = getattr(importlib.import_module("scheduler.core"), "schedule", None)
-        except ImportError:
-            found = None
-    if found is None:
-        raise SimulationError("scheduler.schedule() is not available: the core is not built yet")
-
-    def call(snapshot: Snapshot, /, *, now: float, config: SchedulerConfig) -> Decisions:
-        decisions: Decisions = found(snapshot, now=now, config=config)
-        return decisions
-
-    return call
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,18 +123,18 @@ def simulate(
     scenario: Scenario,
     policy: str,
     *,
-    schedule: ScheduleFn | None = None,
+    schedule: ScheduleFn = core.schedule,
     private: PrivateRun | None = None,
     check_sharing: bool = True,
 ) -> tuple[dict[str, Any], tuple[JobRecord, ...]]:
-    """Run one policy; returns the report's JSON dict and the job records.
+    """Run one policy through ``schedule`` (the core's, unless a test passes a stand-in);
+    returns the report's JSON dict and the job records.
 
     For a shared policy the sharing-incentive check needs the private baseline: pass one
     already run (the benchmark does, once per cluster size) or it is run here.
     """
-    core = schedule if schedule is not None else core_schedule()
     if policy == "private":
-        run = private if private is not None else run_private(scenario, core)
+        run = private if private is not None else run_private(scenario, schedule)
         report = _report(scenario, policy, run.records, float(scenario.cluster.gpus))
         report.update(
             excluded_jobs=sum(run.excluded.values()),
@@ -165,7 +144,7 @@ def simulate(
         for team, count in run.excluded.items():
             report["teams"][team]["excluded_jobs"] = count
         return report, run.records
-    result, wall_s = run_shared(scenario, policy, core)
+    result, wall_s = run_shared(scenario, policy, schedule)
     report = _report(scenario, policy, result.records, result.capacity)
     report.update(
         excluded_jobs=len(result.excluded),
@@ -177,7 +156,7 @@ def simulate(
         wall_s=round(wall_s, 3),
     )
     if check_sharing:
-        baseline = private if private is not None else run_private(scenario, core)
+        baseline = private if private is not None else run_private(scenario, schedule)
         report["sharing_incentive"] = sharing_report(result.records, baseline.records)
     return report, result.records
 

@@ -42,3 +42,19 @@ def test_parked_jobs_with_the_same_numbers_share_one_reason() -> None:
     assert reasons[0].code is PendingCode.PRIORITY_NOT_ALLOWED
     assert reasons[0] is reasons[1] is reasons[2]
     assert reasons[0].numbers == {"priority": "high", "max_priority": "normal"}
+
+
+def test_each_team_is_told_the_leading_team_among_the_others() -> None:
+    # a (weight 4) and b place jobs and both have one more waiting: a's is explained first.
+    # c waits too: the team ahead of it is a, the highest factor of the teams that placed,
+    # not the leader a was told about (b: a itself is left out of a's own answer).
+    teams = [Team("a", weight=4.0), Team("b"), Team("c", usage=1e7)]
+    pending = [job("a1", "a", at=0.0), job("a2", "a", at=1.0), job("a3", "a", at=2.0)]
+    pending += [job("b1", "b", at=3.0), job("b2", "b", at=4.0), job("c1", "c", at=5.0)]
+    decisions = decide(snapshot([whole_node("n0", gpus=3)], pending, [], teams), backfill=False)
+    assert [a.job_id for a in decisions.assign] == ["a1", "b1", "a2"]
+    leaders = {p.job_id: p.reason.numbers["leading_team"] for p in decisions.pending}
+    assert [p.reason.code for p in decisions.pending] == [PendingCode.FAIR_SHARE] * 3
+    assert leaders == {"a3": "b", "b2": "a", "c1": "a"}
+    factors = {p.job_id: p.reason.numbers["team_factor"] for p in decisions.pending}
+    assert decisions.pending[2].reason.numbers["leading_factor"] == factors["a3"]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sched_builders import MIG, MPS, WHOLE
 
 from scheduler import (
+    Cache,
     Dependency,
     DependencyState,
     GpuRequest,
@@ -293,3 +295,18 @@ def test_switching_explanations_off_changes_no_decision(
 
 def _fields(config: SchedulerConfig) -> dict[str, object]:
     return {name: getattr(config, name) for name in SchedulerConfig.__dataclass_fields__}
+
+
+@PROPERTY
+@given(snapshots(), configs, st.booleans(), st.frozensets(st.sampled_from(list(Cache))))
+def test_no_decision_depends_on_a_cache(
+    snap: Snapshot, config: SchedulerConfig, explain: bool, kept: frozenset[Cache]
+) -> None:
+    # Every cache pays only in time: with all of them off, or only some on, every decision,
+    # reason, number, position and estimate is the same. (Twice with all on, so the node-list
+    # cache is hit too.)
+    config = replace(config, explain=explain)
+    cached = schedule(snap, now=NOW, config=config)
+    assert schedule(snap, now=NOW, config=config) == cached
+    assert schedule(snap, now=NOW, config=replace(config, caches=frozenset())) == cached
+    assert schedule(snap, now=NOW, config=replace(config, caches=kept)) == cached

@@ -89,6 +89,7 @@ def test_decayed_rate_inverts_steady_holding() -> None:
         ("max_reservations", -1),
         ("history_weight", -0.1),
         ("model_weights", {"H100": 0.0}),
+        ("caches", frozenset({"memo"})),
     ],
 )
 def test_a_bad_config_value_is_refused_naming_the_field(field: str, value: object) -> None:

@@ -1,0 +1,171 @@
+"""The memoisation of one pass: one object that owns the cache keys and the versions.
+
+Most of a long queue in a full cluster cannot start, and many of its jobs are alike: the
+same team asks for the same request again and again. A pass therefore remembers answers,
+in two kinds of tables with two contracts.
+
+**While jobs are admitted (step 4)** the state changes, so answers carry a *stamp*: the
+version of everything, of the job's team and of each of its pools. An answer is reused only
+while its stamp still matches.
+
+- ``Cache.VERDICTS``: a job that could not start leaves its verdict (reason code and
+  numbers) under its key: its shape (team; member when the team has a member limit; pools;
+  minimum count; class when classes may preempt; multi-node) plus which of the pass's
+  reservations it may use (by its time limit). The next job with that key takes the verdict
+  at once. Most of a long queue takes this path.
+- ``Cache.WHY_NOT``: why a job fits nowhere (no fit, below fair share, behind a reservation)
+  depends on its team, its request and the state, not on its user, class or time limit:
+  one answer per (team, request), shared by the jobs that differ only there.
+
+Invalidation contract. The cycle calls
+
+- ``took(team, placement, shape)`` after every placement: what the team holds changed, and
+  what is free in the pools of the slices taken (on a GPU that exposes a whole slice next
+  to partial ones, using one blocks the other: every pool of that GPU);
+- ``changed_all()`` after every reservation (slices set aside, a new key part) and every
+  preemption (victims chosen, the ledger changed).
+
+Nothing else changes what a verdict depends on: limits, budgets, classes and time limits
+are fixed for the pass, and a short job trying set-aside slices puts back what it does not
+take. Only failures are remembered; a job that starts changes the state, and with it the
+stamp.
+
+**Once admission is over (step 5)** nothing changes any more, so answers need no stamp;
+``seal()`` marks that moment and they may not be asked for before it:
+
+- ``Cache.RELEASES``: when a team's (or member's) own jobs end and how many units each end
+  frees, for estimates of quota waits.
+
+The other caches live next to what they remember, each switchable the same way
+(``SchedulerConfig.caches``): ``NODE_LIST`` and ``REQUESTS`` (``scheduler.cluster``, across
+passes), ``FACTORS`` (``scheduler.order``), ``ESTIMATES`` (``scheduler.backfill``),
+``SHARED_REASONS`` and ``SAME_NUMBERS`` (``scheduler.explain``). None of them changes a
+decision; ``tests/scheduler`` checks that with every cache switched off, and
+docs/scheduling.md#speed has what each one gains (caches that gained nothing measurable were
+removed: the largest free count per request at the end of the pass, failed victim searches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scheduler.backfill import Reservation
+from scheduler.cluster import ClusterShape, Placement, Pool
+from scheduler.config import Cache
+from scheduler.order import Candidate
+from scheduler.quota import Blocked
+
+Key = tuple[object, ...]
+Stamp = tuple[int, int, object]
+# End times of a team's (or member's) jobs, sorted, and the units freed by each of them.
+Releases = tuple[list[float], list[float]]
+
+
+class PassMemo:
+    """The caches of one pass (see the module docstring for what each keeps and when)."""
+
+    def __init__(
+        self, caches: frozenset[Cache], now: float, reservations: Sequence[Reservation]
+    ) -> None:
+        self._now = now
+        self._reservations = reservations  # the pass's, as it makes them (part of every key)
+        self._verdicts: dict[Key, tuple[Stamp, Blocked]] | None = (
+            {} if Cache.VERDICTS in caches else None
+        )
+        self._why_not: dict[Key, tuple[Stamp, Blocked]] | None = (
+            {} if Cache.WHY_NOT in caches else None
+        )
+        self._version = 0
+        self._team_version: dict[str, int] = {}
+        self._pool_version: dict[Pool, int] = {}
+        self._sealed = False
+        self._releases: dict[tuple[str, str], Releases] | None = (
+            {} if Cache.RELEASES in caches else None
+        )
+
+    # -- step 4: answers under a stamp ---------------------------------------------------------
+
+    def took(self, team: str, placement: Placement, shape: ClusterShape) -> None:
+        """``team`` took the slices of ``placement``: what it holds changed, and what is free
+        in their pools and, on a GPU that exposes a whole slice next to partial ones (using
+        one blocks the other), in every pool of that GPU."""
+        self._team_version[team] = self._team_version.get(team, 0) + 1
+        pool_of = shape.slice_pool
+        pools = {pool_of[item.id] for _, items in placement for item in items}
+        if shape.mixed_gpus:
+            for node, items in placement:
+                for item in items:
+                    if (node, item.gpu) in shape.mixed_gpus:
+                        pools.update(pool_of[s.id] for s in shape.gpu_slices[(node, item.gpu)])
+        versions = self._pool_version
+        for pool in pools:
+            versions[pool] = versions.get(pool, 0) + 1
+
+    def changed_all(self) -> None:
+        """A reservation or a preemption: no earlier answer holds any more."""
+        self._version += 1
+
+    def verdict(self, c: Candidate) -> tuple[Key, Stamp, Blocked | None]:
+        """The key and stamp of ``c`` now, and the verdict remembered under them (or None).
+
+        This is the path most jobs of a long queue take, so it is kept tight."""
+        key = c.shape
+        limit = c.job.time_limit_s
+        reservations = self._reservations
+        if reservations and limit is not None:
+            ends = self._now + limit
+            if len(reservations) == 1:
+                key = (*key, reservations[0].lets(ends))
+            else:
+                key = (*key, *[r.lets(ends) for r in reservations])
+        pools = c.pools
+        versions = self._pool_version
+        stamp = (
+            self._version,
+            self._team_version.get(c.job.team, 0),
+            versions.get(pools[0], 0)
+            if len(pools) == 1
+            else tuple(versions.get(p, 0) for p in pools),
+        )
+        verdicts = self._verdicts
+        if verdicts is not None:
+            found = verdicts.get(key)
+            if found is not None and found[0] == stamp:
+                return key, stamp, found[1]
+        return key, stamp, None
+
+    def keep_verdict(self, key: Key, stamp: Stamp, verdict: Blocked) -> None:
+        if self._verdicts is not None:
+            self._verdicts[key] = (stamp, verdict)
+
+    def why_not(self, c: Candidate, stamp: Stamp) -> tuple[Key, Blocked | None]:
+        """The key of ``c``'s team and request, and why a job alike it (differing at most in
+        user, class or time limit) fitted nowhere under ``stamp`` (or None)."""
+        if self._why_not is None:
+            return (), None
+        request = c.job.request
+        key = (c.job.team, c.pools, c.minimum, request.multi_node, request.profile)
+        found = self._why_not.get(key)
+        return key, found[1] if found is not None and found[0] == stamp else None
+
+    def keep_why_not(self, key: Key, stamp: Stamp, why: Blocked) -> None:
+        if self._why_not is not None:
+            self._why_not[key] = (stamp, why)
+
+    # -- step 5: answers about the final state -------------------------------------------------
+
+    def seal(self) -> None:
+        """Admission is over: from now on the state of the pass no longer changes."""
+        self._sealed = True
+
+    def releases(self, team: str, user: str) -> Releases | None:
+        assert self._sealed, "releases are known once admission is over"
+        return None if self._releases is None else self._releases.get((team, user))
+
+    def keep_releases(self, team: str, user: str, releases: Releases) -> None:
+        if self._releases is not None:
+            self._releases[(team, user)] = releases
+
+    @property
+    def remembers_releases(self) -> bool:
+        return self._releases is not None

@@ -1,0 +1,105 @@
+"""Step 2, nominate: which pending jobs a pass considers, and as what.
+
+A job whose ``after_ok`` dependency ended without success fails (``Fail``), as does a job
+asking for fewer than one slice. A job that cannot be considered now is *parked* with its
+reason: a dependency that has not ended (``DEPENDENCY``), a class above its team's highest
+(``PRIORITY_NOT_ALLOWED``, unless ``clamp_priority`` runs it at the team's highest), a
+request no node of the cluster could ever hold (``NO_MATCHING_SLICES``). Every other job
+becomes a ``Candidate``: its team, class, matching pools, minimum and the shape its verdict
+is remembered under (``scheduler.memo``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from scheduler.cluster import RequestInfo
+from scheduler.config import SchedulerConfig
+from scheduler.explain import Left
+from scheduler.model import (
+    DependencyKind,
+    DependencyState,
+    Fail,
+    GpuRequest,
+    Job,
+    PendingCode,
+    Team,
+)
+from scheduler.order import Candidate
+from scheduler.quota import Numbers
+
+
+class Nominator:
+    """Turns pending jobs into candidates; keeps the failed and the parked ones."""
+
+    def __init__(
+        self,
+        *,
+        config: SchedulerConfig,
+        classes: Mapping[str, int],
+        teams: Mapping[str, Team],
+        team_of: Callable[[str], Team],
+        request_info: Callable[[GpuRequest], RequestInfo],
+        dependency_states: Mapping[str, DependencyState],
+        gate_classes: bool,
+    ) -> None:
+        self.fail: list[Fail] = []
+        self.parked: list[Left] = []
+        self._classes = classes
+        self._teams = teams
+        self._team_of = team_of
+        self._request_info = request_info
+        self._states = dependency_states
+        self._gate_classes = gate_classes  # (the FIFO baselines let every class in)
+        self._clamp = config.clamp_priority
+        self._by_class = config.preempt_by_priority
+
+    def candidate(self, job: Job) -> Candidate | None:
+        """``job`` as a candidate, or None (then it failed or is parked)."""
+        request = job.request
+        if request.count < 1:
+            self.fail.append(Fail(job.id, f"request.count must be at least 1, got {request.count}"))
+            return None
+        if job.depends_on:
+            waiting = self._dependency(job)
+            if waiting is False:
+                return None
+            if waiting is not None:
+                self.parked.append(Left(job, PendingCode.DEPENDENCY, {"waiting_for": waiting}))
+                return None
+        team = self._teams.get(job.team)
+        if team is None:
+            team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
+        classes = self._classes
+        rank = classes.get(job.priority, 0)
+        if self._gate_classes:
+            allowed = classes.get(team.max_priority, 0)
+            if rank > allowed or job.priority not in classes:
+                if job.priority not in classes or not self._clamp:
+                    numbers: Numbers = {"priority": job.priority, "max_priority": team.max_priority}
+                    self.parked.append(Left(job, PendingCode.PRIORITY_NOT_ALLOWED, numbers))
+                    return None
+                rank = allowed
+        info = self._request_info(request)
+        if not info.could_ever_fit:
+            numbers = {"needs": info.minimum, "largest_node": info.largest_node}
+            self.parked.append(Left(job, PendingCode.NO_MATCHING_SLICES, numbers))
+            return None
+        user = job.user if team.member_limit is not None else ""
+        # The class matters to a verdict only when it may preempt by class; leaving it out
+        # otherwise lets jobs of all classes share verdicts (half as many misses).
+        by_class = rank if self._by_class else 0
+        shape = (job.team, user, info.pools, info.minimum, by_class, request.multi_node)
+        return Candidate(job, team, rank, info.pools, info.unit, info.minimum, request.count, shape)
+
+    def _dependency(self, job: Job) -> str | None | bool:
+        """None: free to go; a job id: still waiting for it; False: failed for good."""
+        waiting: str | None = None
+        for dep in job.depends_on:
+            state = self._states.get(dep.job_id, DependencyState.WAITING)
+            if state is DependencyState.WAITING:
+                waiting = waiting or dep.job_id
+            elif state is DependencyState.FAILED and dep.kind is DependencyKind.AFTER_OK:
+                self.fail.append(Fail(job.id, f"dependency {dep.job_id} did not succeed"))
+                return False
+        return waiting
