@@ -53,7 +53,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from workers.launch import LEASE_LAPSED_TEXT
 from workers.lease import read_lease
@@ -184,23 +184,22 @@ def write_exit(attempt_dir: Path, code: int, *, stopped: bool, oom_kills: int = 
             os.close(dir_fd)
 
 
-def read_exit(attempt_dir: Path) -> tuple[int, bool] | None:
-    """(exit code, whether a stop reached the job) as the shim recorded it; None if it did
-    not (still running, or the shim itself was killed)."""
+class ExitRecord(NamedTuple):
+    """How the job ended, as the shim recorded it (see `write_exit`)."""
+
+    code: int
+    stopped: bool
+    oom_kills: int = 0
+
+
+def read_exit(attempt_dir: Path) -> ExitRecord | None:
+    """The shim's exit record; None if it wrote none (still running, or the shim itself was
+    killed)."""
     try:
         data = json.loads((attempt_dir / EXIT_FILE).read_text())
-        return int(data["code"]), bool(data["stopped"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return ExitRecord(int(data["code"]), bool(data["stopped"]), int(data.get("oom_kills", 0)))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-
-
-def read_oom_kills(attempt_dir: Path) -> int:
-    """How many of the job's processes the OOM killer ended, as the shim recorded it (0 when
-    it did not record it, or the job had no cgroup)."""
-    try:
-        return int(json.loads((attempt_dir / EXIT_FILE).read_text()).get("oom_kills", 0))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return 0
 
 
 def process_is(pid: int | None, started: int | None) -> bool:

@@ -475,7 +475,7 @@ class Supervisor:
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
         stop_reached = _stop_reached(run)
-        note = str(getattr(run, "note", ""))
+        note = str(getattr(run, "end_note", ""))
         run.release()
 
         def outcome() -> tuple[str, str]:

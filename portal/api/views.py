@@ -128,25 +128,6 @@ class JobDetailView(PortalAPIView):
         return Response(_detail(_job_for(request, job_id)))
 
 
-class JobCancelView(PortalAPIView):
-    @extend_schema(
-        summary="Cancel a job",
-        description="A waiting job ends CANCELLED at once; a running one is stopped by its agent "
-        "(stop_requested_at is set now, the state follows when the agent reports).",
-        request=None,
-        responses={
-            200: JobDetailSerializer,
-            409: OpenApiResponse(ErrorSerializer, description="the job already ended"),
-            **ERRORS,
-            **FORBIDDEN,
-            **NOT_FOUND,
-        },
-    )
-    def post(self, request: Request, job_id: int) -> Response:
-        job = job_cancel(job=_job_for(request, job_id), user=request.user)
-        return Response(_detail(job))
-
-
 def _action_responses(conflict: str, *, ok: int = 200) -> dict[Any, Any]:
     return {
         ok: JobDetailSerializer,
@@ -155,6 +136,19 @@ def _action_responses(conflict: str, *, ok: int = 200) -> dict[Any, Any]:
         **FORBIDDEN,
         **NOT_FOUND,
     }
+
+
+class JobCancelView(PortalAPIView):
+    @extend_schema(
+        summary="Cancel a job",
+        description="A waiting job ends CANCELLED at once; a running one is stopped by its agent "
+        "(stop_requested_at is set now, the state follows when the agent reports).",
+        request=None,
+        responses=_action_responses("the job already ended"),
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        job = job_cancel(job=_job_for(request, job_id), user=request.user)
+        return Response(_detail(job))
 
 
 class JobHoldView(PortalAPIView):

@@ -19,6 +19,7 @@ from django.utils import timezone
 from portal.cluster.models import Gpu, Node, Slice
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.tenants.models import Membership, Team
+from portal.tenants.tokens import token_issue
 from scheduler.units import mig_units
 
 DEMO_PASSWORD = "test-password-123"
@@ -154,3 +155,12 @@ class World:
         self.bob = make_user("bob", team=self.nlp)
         self.nick = make_user("nick", team=self.nlp, role=Membership.Role.ADMIN)
         self.admin = make_user("admin", site_admin=True)
+
+
+def token_client(user: Any) -> Any:
+    """A DRF test client that calls the API with a fresh token of ``user``."""
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user)}")
+    return client

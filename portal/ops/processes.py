@@ -93,34 +93,18 @@ def _gunicorn_version_flags() -> list[str]:
 def control_worker_spec(
     *, instance: str, concurrency: int, env: Mapping[str, str], loglevel: str = "INFO"
 ) -> ChildSpec:
-    """The control-plane worker: scheduling passes and agent reports (queue `control`).
+    """The control-plane worker: scheduling passes and agent reports (queue `control`), and
+    heartbeats (the agents' leases) on their own queue: see workers.protocol.LEASE_QUEUE.
 
     A thread pool with low concurrency: it works with SQLite (one writer at a time anyway)
     and starts in a second, with no forked children to clean up.
     """
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "portal",
-        "worker",
-        "-Q",
-        # Heartbeats (the agents' leases) apart from reports: see workers.protocol.LEASE_QUEUE.
-        "control.lease,control",
-        "--pool",
-        "threads",
-        "--concurrency",
-        str(concurrency),
-        "-n",
-        f"control-{instance}@%h",
-        # No waiting for other workers at start, no gossip between them: faster start, and
-        # two stacks on one Redis never hear each other's chatter.
-        "--without-mingle",
-        "--without-gossip",
-        "--loglevel",
-        loglevel,
-    ]
+    argv = _worker_argv(
+        queues="control.lease,control",
+        concurrency=concurrency,
+        hostname=f"control-{instance}@%h",
+        loglevel=loglevel,
+    )
     return ChildSpec(name="worker", argv=argv, env=env)
 
 
@@ -135,7 +119,14 @@ def lease_worker_spec(
     and every job of the cluster would be stopped for it: with two consumers of the lease
     queue, one of them acknowledges while the other is away. Light: heartbeats only.
     """
-    argv = [
+    argv = _worker_argv(
+        queues="control.lease", concurrency=2, hostname=f"lease-{instance}@%h", loglevel=loglevel
+    )
+    return ChildSpec(name="lease", argv=argv, env=env)
+
+
+def _worker_argv(*, queues: str, concurrency: int, hostname: str, loglevel: str) -> list[str]:
+    return [
         sys.executable,
         "-m",
         "celery",
@@ -143,19 +134,20 @@ def lease_worker_spec(
         "portal",
         "worker",
         "-Q",
-        "control.lease",
+        queues,
         "--pool",
         "threads",
         "--concurrency",
-        "2",
+        str(concurrency),
         "-n",
-        f"lease-{instance}@%h",
+        hostname,
+        # No waiting for other workers at start, no gossip between them: faster start, and
+        # two stacks on one Redis never hear each other's chatter.
         "--without-mingle",
         "--without-gossip",
         "--loglevel",
         loglevel,
     ]
-    return ChildSpec(name="lease", argv=argv, env=env)
 
 
 def beat_spec(*, schedule_file: Path, env: Mapping[str, str], loglevel: str = "INFO") -> ChildSpec:

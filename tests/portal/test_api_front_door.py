@@ -13,9 +13,8 @@ from django.db import OperationalError, connection
 from rest_framework.test import APIClient
 
 from portal.jobs.models import Job
-from portal.jobs.testing import World
+from portal.jobs.testing import World, token_client
 from portal.tenants.models import Team
-from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.django_db
 
@@ -29,19 +28,8 @@ GOOD = {
 
 
 @pytest.fixture
-def world() -> World:
-    return World()
-
-
-def client_for(user: Any) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user)}")
-    return client
-
-
-@pytest.fixture
 def alice(world: World) -> APIClient:
-    return client_for(world.alice)
+    return token_client(world.alice)
 
 
 def post_raw(client: APIClient, body: str | bytes, path: str = "/api/v1/jobs/") -> Any:
@@ -247,7 +235,7 @@ def test_json_too_deep_for_the_json_parser_itself_is_a_400(alice) -> None:
 
 @pytest.mark.parametrize("number", ["1" + "0" * 400, "1e400", "1000001"])
 def test_a_huge_number_in_a_quota_field_is_a_400_naming_it(world, number) -> None:
-    admin = client_for(world.admin)
+    admin = token_client(world.admin)
     response = post_raw(admin, "{}", path="/api/v1/teams/vision/")  # POST is not allowed
     assert response.status_code == 405
     response = admin.generic(

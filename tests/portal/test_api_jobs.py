@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
 from unittest import mock
 
 import pytest
@@ -14,7 +13,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk, JobState
-from portal.jobs.testing import World, allocate, make_job, make_node
+from portal.jobs.testing import allocate, make_job, make_node, token_client
 from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.django_db
@@ -26,22 +25,6 @@ BODY = {
     "command": ["python", "-c", "print('hi')"],
     "gpu": {"kind": "mig", "profile": "1g.10gb", "count": 1},
 }
-
-
-@pytest.fixture
-def world() -> World:
-    return World()
-
-
-def client_for(user: Any) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=user)}")
-    return client
-
-
-@pytest.fixture
-def alice_api(world) -> APIClient:
-    return client_for(world.alice)
 
 
 @contextmanager
@@ -157,7 +140,7 @@ def test_list_shows_my_teams_jobs_newest_first_with_filters(world, alice_api):
 def test_a_site_admin_lists_every_teams_jobs(world):
     make_job(team=world.vision, user=world.alice)
     make_job(team=world.nlp, user=world.bob)
-    assert client_for(world.admin).get("/api/v1/jobs/").json()["count"] == 2
+    assert token_client(world.admin).get("/api/v1/jobs/").json()["count"] == 2
 
 
 def test_the_job_list_costs_the_same_few_queries_for_3_or_30_jobs(
@@ -384,8 +367,8 @@ def test_a_member_may_not_cancel_a_team_mates_job_but_the_team_admin_may(world, 
             f"cancel job {job.pk}"
         }
     }
-    assert client_for(world.vera).post(f"/api/v1/jobs/{mate.pk}/cancel/").status_code == 200
-    assert client_for(world.admin).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 200
+    assert token_client(world.vera).post(f"/api/v1/jobs/{mate.pk}/cancel/").status_code == 200
+    assert token_client(world.admin).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 200
 
 
 # --- teams -------------------------------------------------------------------------------
@@ -415,19 +398,19 @@ def test_the_team_list_shows_my_teams_or_all_for_a_site_admin(
     world, alice_api, django_assert_max_num_queries
 ):
     assert [team["name"] for team in alice_api.get("/api/v1/teams/").json()] == ["vision"]
-    admin = client_for(world.admin)
+    admin = token_client(world.admin)
     with django_assert_max_num_queries(7):  # 5, plus the two rate-limit counters
         teams = admin.get("/api/v1/teams/").json()
     assert [(team["name"], team["can_edit_quota"]) for team in teams] == [
         ("nlp", True),
         ("vision", True),
     ]
-    vera_sees = client_for(world.vera).get("/api/v1/teams/vision/").json()
+    vera_sees = token_client(world.vera).get("/api/v1/teams/vision/").json()
     assert (vera_sees["can_admin"], vera_sees["can_edit_quota"]) == (True, False)
 
 
 def test_a_site_admin_edits_a_quota(world):
-    response = client_for(world.admin).patch(
+    response = token_client(world.admin).patch(
         "/api/v1/teams/nlp/", {"guaranteed_units": 1.5, "limit_units": None}, format="json"
     )
 
@@ -438,7 +421,7 @@ def test_a_site_admin_edits_a_quota(world):
 
 
 def test_a_team_admin_may_not_edit_the_quota(world):
-    response = client_for(world.vera).patch(
+    response = token_client(world.vera).patch(
         "/api/v1/teams/vision/", {"limit_units": 100}, format="json"
     )
     assert response.status_code == 403
@@ -448,7 +431,7 @@ def test_a_team_admin_may_not_edit_the_quota(world):
 
 
 def test_a_quota_edit_with_bad_values_names_the_fields(world):
-    admin = client_for(world.admin)
+    admin = token_client(world.admin)
     response = admin.patch(
         "/api/v1/teams/vision/", {"weight": -1, "limit_units": 1, "colour": "red"}, format="json"
     )

@@ -19,18 +19,6 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def world() -> World:
-    return World()
-
-
-@pytest.fixture
-def alice_api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=world.alice)}")
-    return client
-
-
-@pytest.fixture
 def running(world: World) -> Job:
     return make_job(team=world.vision, user=world.alice, state=JobState.RUNNING)
 

@@ -32,18 +32,6 @@ BODY = {
 PREFIXES = ["registry.example.org/vision/", "python:"]
 
 
-@pytest.fixture
-def world() -> World:
-    return World()
-
-
-@pytest.fixture
-def alice_api(world: World) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token_issue(user=world.alice)}")
-    return client
-
-
 def set_team(team: Team, **fields: Any) -> None:
     Team.objects.filter(pk=team.pk).update(**fields)
 

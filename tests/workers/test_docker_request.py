@@ -451,4 +451,4 @@ def test_an_oom_kill_the_engine_recorded_is_named_in_the_runs_note() -> None:
     container = RecordingContainer()
     container.attrs = attrs  # type: ignore[attr-defined]
     run = DockerRun(container, exit_code=137)  # adopted: inspected when it was adopted
-    assert (run.wait(), run.note) == (137, oom_note(attrs))
+    assert (run.wait(), run.end_note) == (137, oom_note(attrs))

@@ -132,13 +132,13 @@ def test_a_job_over_its_memory_limit_fails_by_the_limit_this_host_enforces(
     if jobs.limits.cgroups is not None:
         # memory.max (no swap beyond it): the kernel's OOM killer ends the whole job.
         assert exit_code == 137, output
-        assert run.note.startswith("over its memory limit (256 MiB, cgroup memory.max): the ")
+        assert run.end_note.startswith("over its memory limit (256 MiB, cgroup memory.max): the ")
         assert cgroup is not None and not cgroup.exists()
     else:
         # The fallback: RLIMIT_AS at the memory limit refuses the allocation.
         assert jobs.limits.address_space_bytes(jobs.limits.maximum) == 256 * MIB
         assert (exit_code, output.rstrip().splitlines()[-1]) == (1, "MemoryError")
-        assert run.note == ""
+        assert run.end_note == ""
 
 
 @needs_root
@@ -235,7 +235,7 @@ def test_the_oom_killers_count_in_the_jobs_cgroup_is_reported_with_the_exit(
     code = f"open({str(events / 'memory.events')!r}, 'w').write('oom 1\\noom_kill 2\\n')"
     run = jobs.start(make_launch(["python3", "-c", code]))
     assert run.wait() == 0
-    assert run.note == (
+    assert run.end_note == (
         "over its memory limit (256 MiB, cgroup memory.max): the kernel's OOM killer ended 2 "
         "processes of the job"
     )

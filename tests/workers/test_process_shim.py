@@ -26,7 +26,7 @@ from workers.launch import LaunchError
 from workers.launchers.process import JobUids, claim_uid, isolation_summary
 from workers.lease import Lease, write_lease
 from workers.settings import AgentSettings
-from workers.shim import read_exit, read_record
+from workers.shim import ExitRecord, read_exit, read_record
 
 SLEEPER = ["sh", "-c", "sleep 300 & echo $!; wait"]  # prints its grandchild's pid
 POOL = (61000, 61009)
@@ -145,12 +145,12 @@ def shim_pid(attempt_dir: Path) -> int:
 def test_the_shim_records_each_exit_and_whether_a_stop_reached_the_job(tmp_path: Path) -> None:
     own = launcher(tmp_path).start(make_launch(["sh", "-c", "exit 3"]))
     assert own.wait() == 3
-    assert read_exit(own.attempt_dir) == (3, False) and not own.stop_reached()
+    assert read_exit(own.attempt_dir) == ExitRecord(3, False) and not own.stop_reached()
     stopped = launcher(tmp_path).start(make_launch(SLEEPER, job_id=2))
     first_line(stopped)
     stopped.terminate(1.0)
     assert stopped.wait() == 128 + signal.SIGTERM
-    assert read_exit(stopped.attempt_dir) == (128 + signal.SIGTERM, True)
+    assert read_exit(stopped.attempt_dir) == ExitRecord(128 + signal.SIGTERM, True)
     assert stopped.stop_reached()
 
 
@@ -173,7 +173,7 @@ def test_a_job_that_ended_as_its_lease_lapsed_is_not_fenced(tmp_path: Path) -> N
         os.kill(shim, signal.SIGCONT)
     assert run.wait() == 0
     assert run.fenced() is None
-    assert read_exit(run.attempt_dir) == (0, False) and not run.stop_reached()
+    assert read_exit(run.attempt_dir) == ExitRecord(0, False) and not run.stop_reached()
 
 
 def test_a_job_that_ended_just_before_its_agent_died_keeps_its_result_for_the_next_agent(
@@ -194,7 +194,7 @@ def test_a_job_that_ended_just_before_its_agent_died_keeps_its_result_for_the_ne
     finally:
         os.kill(shim, signal.SIGCONT)
     eventually(lambda: not alive(shim), within=3)
-    assert read_exit(attempt_dir) == (7, False)
+    assert read_exit(attempt_dir) == ExitRecord(7, False)
     after = launcher(tmp_path / "agent")
     assert after.reap_leftovers(keep=set()) == []
     ended = after.ended_runs([(1, 0), (9, 0)])
@@ -208,7 +208,7 @@ def test_a_job_killed_with_its_agent_is_not_handed_over_as_ended(tmp_path: Path)
     agent.wait()
     attempt_dir = Path(job["attempt_dir"])
     eventually(lambda: read_exit(attempt_dir) is not None, within=3)
-    assert read_exit(attempt_dir) == (128 + signal.SIGKILL, True)
+    assert read_exit(attempt_dir) == ExitRecord(128 + signal.SIGKILL, True)
     assert launcher(tmp_path / "agent").ended_runs([(1, 0)]) == {}
 
 

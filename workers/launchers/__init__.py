@@ -16,7 +16,13 @@ from workers.protocol import Launch
 
 
 class Run(Protocol):
-    """One started attempt. `pid` is set for a process, `container_id` for a container."""
+    """One started attempt. `pid` is set for a process, `container_id` for a container.
+
+    Optional members a launcher's run may have, read by the supervisor when present:
+    `notes` (lines for the top of the job's log), `fenced()` (why a watcher stopped it when the
+    lease lapsed), `stop_reached()` (whether a stop signal reached it while it ran; absent:
+    assumed), `end_note` (text added to its result, e.g. an OOM kill) and `log_seq_from`
+    (where an adopted run's log numbering continues)."""
 
     pid: int | None
     container_id: str | None

@@ -224,7 +224,7 @@ class DockerRun:
 
     `key` and `workdir` let `fenced()` find the watchdog's marker; `exit_code` is set for an
     adopted container that exited while no agent watched it; `scratch` is the job's scratch
-    directory, removed with the container. After `wait()`, `note` says `OOM_KILLED: ...` when
+    directory, removed with the container. After `wait()`, `end_note` says `OOM_KILLED: ...` when
     the kernel killed it for its memory limit (the supervisor adds it to the error)."""
 
     # Where the agent's log numbering continues: an adopted run's output is read again from
@@ -248,7 +248,7 @@ class DockerRun:
         self._stop_sent = False
         self.pid: int | None = None
         self.container_id: str | None = container.id
-        self.note = ""
+        self.end_note = ""
 
     def output(self) -> Iterator[bytes]:
         yield from self._container.logs(stream=True, follow=True, stdout=True, stderr=True)
@@ -258,7 +258,7 @@ class DockerRun:
             self._exit_code = int(self._container.wait()["StatusCode"])
             self._container.reload()  # the exit's State (OOMKilled) comes from an inspect
         # An adopted exited container was inspected when it was adopted.
-        self.note = oom_note(getattr(self._container, "attrs", None))
+        self.end_note = oom_note(getattr(self._container, "attrs", None))
         return self._exit_code
 
     def has_exited(self) -> bool:

@@ -90,7 +90,6 @@ from workers.shim import (
     process_is,
     processes,
     read_exit,
-    read_oom_kills,
     read_record,
 )
 
@@ -492,9 +491,10 @@ class ProcessRun:
         self._memory_limit = memory_limit
 
     @property
-    def note(self) -> str:
+    def end_note(self) -> str:
         """Read after the exit: why the kernel ended the job, when it was over its memory."""
-        kills = read_oom_kills(self.attempt_dir)
+        record = read_exit(self.attempt_dir)
+        kills = record.oom_kills if record is not None else 0
         if not kills:
             return ""
         return (
@@ -550,7 +550,7 @@ class ProcessRun:
         """Whether a stop signal reached the job while it ran (read after the exit). A shim
         that left no exit record (it was killed itself) counts as stopped."""
         record = read_exit(self.attempt_dir)
-        return record is None or record[1]
+        return record is None or record.stopped
 
     def _tell(self, line: str) -> None:
         with contextlib.suppress(OSError):  # the shim has gone: nothing left to stop
@@ -561,7 +561,7 @@ class EndedRun:
     """An attempt that ended on its own while no agent watched it: its shim recorded the exit
     code after the agent died (or before the agent had read it). Handed to the restarted
     agent's supervisor like an adopted run, so the job's own result is reported, not a loss.
-    The output the agent had not read when it died is gone: `note` says so."""
+    The output the agent had not read when it died is gone: `end_note` says so."""
 
     log_seq_from = 0
 
@@ -569,7 +569,7 @@ class EndedRun:
         self._exit_code = exit_code
         self.pid = pid
         self.container_id: str | None = None
-        self.note = (
+        self.end_note = (
             "the agent restarted after the job ended; output it had not yet read was not kept"
         )
 
@@ -662,7 +662,10 @@ class ProcessLauncher:
 
     def job_dir(self, launch: Launch) -> Path:
         """The attempt's directory (the agent's); the job works in its `work/`."""
-        return self.workdir / "jobs" / f"{launch.job_id}-{launch.attempt}"
+        return self.attempt_dir(launch.job_id, launch.attempt)
+
+    def attempt_dir(self, job_id: int, attempt: int) -> Path:
+        return self.workdir / "jobs" / f"{job_id}-{attempt}"
 
     def work_dir(self, launch: Launch) -> Path:
         return self.job_dir(launch) / WORK_DIR
@@ -731,11 +734,12 @@ class ProcessLauncher:
         job ended on its own, as its shim recorded: their results are still to be reported.
         Call after `reap_leftovers`, which leaves every shim gone and its record written."""
         ended: dict[tuple[int, int], EndedRun] = {}
-        for key in keys:
-            attempt_dir = self.workdir / "jobs" / f"{key[0]}-{key[1]}"
+        for job_id, attempt in keys:
+            attempt_dir = self.attempt_dir(job_id, attempt)
             record = read_exit(attempt_dir)
-            if record is not None and not record[1]:
-                ended[key] = EndedRun(record[0], pid=read_record(attempt_dir).get("pgid"))
+            if record is not None and not record.stopped:
+                pid = read_record(attempt_dir).get("pgid")
+                ended[(job_id, attempt)] = EndedRun(record.code, pid=pid)
         return ended
 
     # Start ------------------------------------------------------------------------------------
