@@ -9,8 +9,11 @@ Both survive a crash or a `kill -9` of the agent, so a restarted agent still
 
 Files are written to a temporary name and renamed into place, so a crash leaves the old file
 or the new one, never half of one. `started` and `finished` reports and journal entries are
-fsynced; log chunks are not (a crash may lose the last chunks of a log the kernel had not
-written yet; the portal then shows the log up to there).
+fsynced; log chunks and log marks are not: they are safe from a crash of the agent (the
+kernel has them), not from one of the host (the portal then shows the log up to there).
+
+The journal also keeps each attempt's last log mark (`workers/logship.py`): where its log
+goes on after a restart.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from workers.logship import LogMark
 from workers.protocol import (
     Finished,
     Launch,
@@ -227,6 +231,9 @@ class AttemptJournal:
     def _path(self, key: Key) -> Path:
         return self.directory / f"{key[0]}-{key[1]}.json"
 
+    def _mark_path(self, key: Key) -> Path:
+        return self.directory / f"{key[0]}-{key[1]}.log-mark"
+
     def _load(self) -> None:
         for path in sorted(self.directory.iterdir()):
             if path.name.startswith(".tmp-"):
@@ -282,6 +289,31 @@ class AttemptJournal:
                 entry.finished = finished
                 self._save(entry)
 
+    def record_log(self, key: Key, mark: LogMark) -> None:
+        """The attempt's log chunk about to be sent (written before the outbox has it)."""
+        data = {"seq": mark.seq, "start": mark.start, "end": mark.end, "note": mark.note}
+        _write_atomically(
+            self._mark_path(key), json.dumps(data, separators=(",", ":")).encode(), durable=False
+        )
+
+    def log_mark(self, key: Key) -> LogMark | None:
+        """The attempt's last log mark; None before its first chunk (or if unreadable: the
+        log then starts again from its first byte, and the portal keeps the chunks it has)."""
+        try:
+            data = json.loads(self._mark_path(key).read_bytes())
+            note = data["note"]
+            return LogMark(
+                seq=int(data["seq"]),
+                start=int(data["start"]),
+                end=int(data["end"]),
+                note=None if note is None else str(note),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            log.error("journal: unreadable log mark of job %s attempt %s: %s", *key, error)
+            return None
+
     def unfinished(self) -> list[JournalEntry]:
         """Attempts launched here that have no end recorded (a restart's work list)."""
         with self._lock:
@@ -297,6 +329,7 @@ class AttemptJournal:
                     continue
                 del self._entries[key]
                 self._path(key).unlink(missing_ok=True)
+                self._mark_path(key).unlink(missing_ok=True)
                 removed += 1
             self._highest = {}
             for job_id, attempt in self._entries:

@@ -73,6 +73,9 @@ REQUEST_TIMEOUT_S = 30.0
 PID_FILE = "pid"
 FENCED_FILE = "fenced"
 EXIT_FILE = "exit"
+# The job's stdout and stderr (and the shim's own errors), opened by the agent for the shim:
+# the agent reads it while the job runs, and a restarted agent reads what is left.
+OUTPUT_FILE = "output"
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1

@@ -21,24 +21,25 @@ Exactly once, from the agent's side:
   its own outcome: reporting a job that finished by itself as stopped would have the portal
   run it again.
 - `recover()` after a restart: attempts the journal says were running are adopted again when
-  the launcher still has them (containers), otherwise reported `lost`.
+  the launcher still has them (containers; processes that ended on their own), otherwise
+  reported `lost`. An adopted run's log goes on from the journal's last log mark
+  (`workers/logship.py`), so no output is lost or shipped twice.
 """
 
 from __future__ import annotations
 
-import codecs
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from workers.launch import LaunchError, LeaseLapsed, dropped_user_keys
 from workers.launchers import Launcher, Run, describe_exit
+from workers.logship import LogShipper
 from workers.outbox import AttemptJournal, JournalEntry
 from workers.protocol import (
-    LOG_CHUNK_MAX_BYTES,
     Finished,
     Launch,
     LogChunk,
@@ -68,58 +69,6 @@ OUTPUT_DRAIN_S = 10.0
 
 Key = tuple[int, int]
 Reporter = Callable[[Report], bool]
-
-
-def utf8_pieces(text: str, max_bytes: int = LOG_CHUNK_MAX_BYTES) -> Iterator[str]:
-    """Split text into pieces of at most `max_bytes` UTF-8 bytes, never inside a character."""
-    data = text.encode("utf-8")
-    while data:
-        cut = min(len(data), max_bytes)
-        while cut < len(data) and data[cut] & 0xC0 == 0x80:
-            cut -= 1  # back off to the start of a character
-        yield data[:cut].decode("utf-8")
-        data = data[cut:]
-
-
-class LogShipper:
-    """Turns an attempt's raw output into numbered `log` messages of valid UTF-8 text.
-
-    `emit(seq, text)` returns False when the outbox refused the chunk (its bound for one
-    attempt is reached): the shipper then says so once in the log and drops the rest.
-    """
-
-    def __init__(self, emit: Callable[[int, str], bool]) -> None:
-        self._emit = emit
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.seq = 0
-        self.dropped_bytes = 0
-        self._full = False
-
-    def text(self, text: str) -> None:
-        for piece in utf8_pieces(text):
-            if self._full:
-                self.dropped_bytes += len(piece.encode())
-                continue
-            if self._emit(self.seq, piece):
-                self.seq += 1
-            else:
-                self._full = True
-                self.dropped_bytes += len(piece.encode())
-
-    def feed(self, data: bytes) -> None:
-        self.text(self._decoder.decode(data))
-
-    def close(self) -> None:
-        self.text(self._decoder.decode(b"", final=True))
-        if self.dropped_bytes:
-            note = (
-                f"\n[agent] {self.dropped_bytes} bytes of output dropped: the outbox bound "
-                "for one attempt (PORTAL_AGENT_OUTBOX_LOG_MB) was reached while the portal "
-                "was out of reach\n"
-            )
-            self._full = False
-            if self._emit(self.seq, note[:1000]):
-                self.seq += 1
 
 
 @dataclass
@@ -372,7 +321,7 @@ class Supervisor:
     def _supervise_adopted(self, attempt: Attempt, run: Run) -> None:
         try:
             assert attempt.launch is not None
-            self._watch(attempt, attempt.launch, run, log_from=_adopted_log_seq(run))
+            self._watch(attempt, attempt.launch, run)
         except Exception as exc:
             log.exception("supervising adopted job %s attempt %s failed", *attempt.key)
             self._finish(attempt, None, "lost", f"agent error after adoption: {exc}")
@@ -437,9 +386,9 @@ class Supervisor:
         self._report(started)
         if stop_now:
             run.terminate(attempt.stop_grace_s)
-        self._watch(attempt, launch, run, log_from=0)
+        self._watch(attempt, launch, run)
 
-    def _watch(self, attempt: Attempt, launch: Launch, run: Run, *, log_from: int) -> None:
+    def _watch(self, attempt: Attempt, launch: Launch, run: Run) -> None:
         timer = None
         if launch.time_limit_s is not None:
             started_at = attempt.started.started_at if attempt.started else self._clock()
@@ -454,17 +403,23 @@ class Supervisor:
             timer = threading.Timer(left, self.stop, (stop,))
             timer.daemon = True
             timer.start()
-        shipper = LogShipper(lambda seq, text: self._ship_log(launch, seq, text))
-        shipper.seq = log_from
-        dropped = dropped_user_keys(launch)
-        if dropped and log_from == 0:
-            shipper.text(
-                f"[agent] ignored env set by the agent for the slice: {', '.join(dropped)}\n"
-            )
-        if log_from == 0:
+        shipper = LogShipper(
+            lambda seq, text: self._ship_log(launch, seq, text),
+            lambda mark: self.journal.record_log(attempt.key, mark),
+        )
+        resume = self.journal.log_mark(attempt.key)
+        if resume is not None:
+            # An earlier run of the agent shipped the log up to here (an adopted run).
+            shipper.resume(resume)
+        else:
+            dropped = dropped_user_keys(launch)
+            if dropped:
+                shipper.note(
+                    f"[agent] ignored env set by the agent for the slice: {', '.join(dropped)}\n"
+                )
             # What the launcher did not do as asked (the process launcher: the image).
             for note in getattr(run, "notes", ()):
-                shipper.text(str(note))
+                shipper.note(str(note))
         reader = threading.Thread(target=self._read_output, args=(run, shipper), daemon=True)
         reader.start()
         exit_code = run.wait()
@@ -497,7 +452,7 @@ class Supervisor:
 
     def _read_output(self, run: Run, shipper: LogShipper) -> None:
         try:
-            for data in run.output():
+            for data in run.output(shipper.offset):
                 shipper.feed(data)
         except Exception:
             log.exception("reading output failed")
@@ -625,12 +580,6 @@ def _stop_reached(run: Run) -> bool:
     cannot tell (its stop outcome then stands, as before)."""
     reached = getattr(run, "stop_reached", None)
     return bool(reached()) if callable(reached) else True
-
-
-def _adopted_log_seq(run: Run) -> int:
-    """Where an adopted run's log numbering continues (launchers that can adopt say so)."""
-    seq = getattr(run, "log_seq_from", 0)
-    return int(seq) if isinstance(seq, int) else 0
 
 
 def _describe_error(exc: Exception) -> str:

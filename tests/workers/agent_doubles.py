@@ -132,8 +132,10 @@ class ScriptedRun:
         self.code = code
         self._ended.set()
 
-    def output(self) -> Iterator[bytes]:
-        yield from self._output
+    def output(self, offset: int = 0) -> Iterator[bytes]:
+        for piece in self._output:
+            yield piece[offset:]
+            offset = max(0, offset - len(piece))
         self._ended.wait()
 
     def wait(self) -> int:

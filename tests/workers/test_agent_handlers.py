@@ -31,6 +31,7 @@ from workers.inventory import discover
 from workers.launch import LaunchError
 from workers.launchers.process import EndedRun
 from workers.lease import read_lease
+from workers.logship import LogMark
 from workers.metrics import NvmlSampler
 from workers.protocol import (
     Ack,
@@ -45,6 +46,7 @@ from workers.protocol import (
     Started,
     Stop,
 )
+from workers.shim import OUTPUT_FILE
 
 CLOCK = 1_700_000_000.0
 LEASE_S = 1000.0
@@ -439,14 +441,47 @@ def test_a_job_that_ended_while_its_agent_was_down_reports_its_own_result(
     first = make_agent(sender, launcher, tmp_path)
     launch(first)
     sender.started()
+    sender.wait_for(lambda m: isinstance(m, LogChunk))  # "hello\n", chunk 0
     # The agent dies (kill -9) just after the job exited; its shim recorded the exit code,
-    # which the process launcher hands to the next agent run as an ended run.
+    # which the process launcher hands to the next agent run as an ended run, with the
+    # job's output file: the agent had shipped only its first line.
+    attempt_dir = tmp_path / "jobs" / "1-0"
+    attempt_dir.mkdir(parents=True)
+    (attempt_dir / OUTPUT_FILE).write_bytes(b"hello\nthe last line\n")
     again = RecordingSender()
     second = make_agent(again, ScriptedLauncher(), tmp_path)
-    second.supervisor.recover({(1, 0): EndedRun(0, pid=1000)})
+    second.supervisor.recover({(1, 0): EndedRun(0, pid=1000, attempt_dir=attempt_dir)})
     finished = again.finished()
     assert (finished.outcome, finished.exit_code, finished.started_at) == ("succeeded", 0, CLOCK)
-    assert "output it had not yet read was not kept" in finished.error
+    assert finished.error == "" and finished.log_chunks == 2
+    # Chunk 0 again (its mark was the last: a repeat the portal ignores), then the rest.
+    assert again.log_text() == "hello\nthe last line\n"
+    assert second.supervisor.join(5)
+    launcher.runs[0].exit(0)
+
+
+def test_a_restarted_agent_goes_on_with_the_log_from_its_last_mark(
+    sender: RecordingSender, tmp_path: Path
+) -> None:
+    # The first agent shipped "one\n" as chunk 0 and had marked chunk 1 ("two\n") when it
+    # was killed, before the outbox had it; the job went on writing and then ended.
+    launcher = ScriptedLauncher(output=[b"one\n"])
+    first = make_agent(sender, launcher, tmp_path)
+    launch(first)
+    sender.started()
+    sender.wait_for(lambda m: isinstance(m, LogChunk))
+    first.journal.record_log((1, 0), LogMark(seq=1, start=4, end=8))
+    attempt_dir = tmp_path / "jobs" / "1-0"
+    attempt_dir.mkdir(parents=True)
+    (attempt_dir / OUTPUT_FILE).write_bytes(b"one\ntwo\nthree\n")
+    again = RecordingSender()
+    second = make_agent(again, ScriptedLauncher(), tmp_path)
+    second.supervisor.recover({(1, 0): EndedRun(0, pid=1000, attempt_dir=attempt_dir)})
+    finished = again.finished()
+    assert finished.outcome == "succeeded" and finished.log_chunks == 3
+    chunks = [(c.seq, c.data) for c in again.of_type(LogChunk)]
+    assert chunks == [(1, "two\n"), (2, "three\n")]  # chunk 0 is the first run's
+    assert [(m.seq, m.data) for m in sender.of_type(LogChunk)] == [(0, "one\n")]
     assert second.supervisor.join(5)
     launcher.runs[0].exit(0)
 

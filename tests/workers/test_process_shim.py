@@ -182,7 +182,8 @@ def test_a_job_that_ended_just_before_its_agent_died_keeps_its_result_for_the_ne
     # The job has exited, but its shim (frozen here) has not yet told the agent, which is
     # killed: the shim records the job's own exit and the restarted agent reports it.
     agent, job = start_agent(
-        workdir=tmp_path / "agent", command=["sh", "-c", "echo up; sleep 0.5; exit 7"]
+        workdir=tmp_path / "agent",
+        command=["sh", "-c", "echo up; sleep 0.5; echo 'the last words'; exit 7"],
     )
     attempt_dir = Path(job["attempt_dir"])
     shim = shim_pid(attempt_dir)
@@ -200,6 +201,9 @@ def test_a_job_that_ended_just_before_its_agent_died_keeps_its_result_for_the_ne
     ended = after.ended_runs([(1, 0), (9, 0)])
     assert list(ended) == [(1, 0)]
     assert ended[(1, 0)].wait() == 7 and not ended[(1, 0)].stop_reached()
+    # What the job wrote after the dead agent's last read is still there, from any offset.
+    assert b"".join(ended[(1, 0)].output()) == b"up\nthe last words\n"
+    assert b"".join(ended[(1, 0)].output(3)) == b"the last words\n"
 
 
 def test_a_job_killed_with_its_agent_is_not_handed_over_as_ended(tmp_path: Path) -> None:

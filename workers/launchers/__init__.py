@@ -21,14 +21,15 @@ class Run(Protocol):
     Optional members a launcher's run may have, read by the supervisor when present:
     `notes` (lines for the top of the job's log), `fenced()` (why a watcher stopped it when the
     lease lapsed), `stop_reached()` (whether a stop signal reached it while it ran; absent:
-    assumed), `end_note` (text added to its result, e.g. an OOM kill) and `log_seq_from`
-    (where an adopted run's log numbering continues)."""
+    assumed) and `end_note` (text added to its result, e.g. an OOM kill)."""
 
     pid: int | None
     container_id: str | None
 
-    def output(self) -> Iterator[bytes]:
-        """stdout and stderr together, in chunks, until the attempt's output ends."""
+    def output(self, offset: int = 0) -> Iterator[bytes]:
+        """stdout and stderr together, in chunks, from byte `offset` of the attempt's output
+        (which outlives the agent: a restarted agent goes on where the last one stopped)
+        until it ends. The same bytes every time it is read."""
         ...
 
     def wait(self) -> int:

@@ -18,10 +18,9 @@ own, `<scratch root>/<job>-<attempt>` at /scratch, removed with the container.
 Containers outlive the agent. Each carries labels naming its job, attempt and node, so an
 agent that restarts finds its node's containers again with `DockerLauncher.adopt()`: running
 ones are followed again, exited ones hand over their recorded exit code at once. A container is
-never removed before the agent has read that exit code. An adopted run's output is read again
-from its start, and the agent numbers it again from 0: the engine hands back the same log
-entries one by one, so the agent cuts the same chunks with the same numbers, and the portal,
-which applies each (job, attempt, seq) once, keeps the text it already has. While the agent
+never removed before the agent has read that exit code. An adopted run's output goes on from
+the byte the agent's journal says was shipped (`workers/logship.py`): the engine hands back
+the same bytes in the same order every time. While the agent
 is down or frozen, `workers.watchdog` kills the node's containers once the agent's lease has
 lapsed and leaves a marker, which the run's `fenced()` reads, so the attempt is reported
 `fenced`.
@@ -227,10 +226,6 @@ class DockerRun:
     directory, removed with the container. After `wait()`, `end_note` says `OOM_KILLED: ...` when
     the kernel killed it for its memory limit (the supervisor adds it to the error)."""
 
-    # Where the agent's log numbering continues: an adopted run's output is read again from
-    # its start and numbered again from 0 (see the module's docstring).
-    log_seq_from = 0
-
     def __init__(
         self,
         container: Any,
@@ -250,8 +245,16 @@ class DockerRun:
         self.container_id: str | None = container.id
         self.end_note = ""
 
-    def output(self) -> Iterator[bytes]:
-        yield from self._container.logs(stream=True, follow=True, stdout=True, stderr=True)
+    def output(self, offset: int = 0) -> Iterator[bytes]:
+        """The engine's log of the container (it keeps it across agent restarts), from byte
+        `offset`: the same bytes in the same order every time it is read."""
+        skip = offset
+        for data in self._container.logs(stream=True, follow=True, stdout=True, stderr=True):
+            if skip >= len(data):
+                skip -= len(data)
+                continue
+            yield data[skip:]
+            skip = 0
 
     def wait(self) -> int:
         if self._exit_code is None:

@@ -4,11 +4,13 @@ Each attempt is started through its own shim (`workers/shim.py`), which starts t
 and stays its parent: it kills the job when the agent dies (lifeline) and stops it when the
 agent's lease lapses (fencing), even while the agent is frozen. The command gets the job
 environment (slice variables included), its own session and process group, stdin from
-/dev/null and stdout+stderr on one pipe that the agent reads.
+/dev/null and stdout+stderr in one output file that the agent reads as it grows (a file, not a
+pipe: what the job wrote before an agent died is still there for the next one).
 
 Layout, one directory per attempt: `<workdir>/jobs/<job_id>-<attempt>/` belongs to the agent
 and holds `pid` (the shim's and the job's process group, so a restarted agent can find and
-kill what an earlier run left) and `fenced` (why the shim stopped the job, when it did); the
+kill what an earlier run left), `output` (the job's stdout and stderr), `exit` (how the job
+ended, written by the shim) and `fenced` (why the shim stopped the job, when it did); the
 job's own `work/` inside it is its working directory and HOME. The job cannot touch the
 records: with job uids it does not own their directory.
 
@@ -84,6 +86,7 @@ from workers.settings import (
 )
 from workers.shim import (
     FENCED_FILE,
+    OUTPUT_FILE,
     group_alive,
     kill_group,
     kill_uid,
@@ -99,6 +102,8 @@ log = logging.getLogger(__name__)
 # sees comes from the launch message or the slice.
 PASS_THROUGH_ENV = ("PATH", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH")
 READ_SIZE = 64 * 1024
+# How often a reader looks for more output once the file has none: first, then at most.
+OUTPUT_POLL_S = (0.05, 0.5)
 WORK_DIR = "work"
 ATTEMPT_DIR_NAME = re.compile(r"^(\d+)-(\d+)$")
 SHIM_REPLY_TIMEOUT_S = 30.0
@@ -468,7 +473,6 @@ class ProcessRun:
         *,
         shim: subprocess.Popen[bytes],
         control: socket.socket,
-        output_fd: int,
         pid: int,
         attempt_dir: Path,
         on_release: Callable[[], None],
@@ -478,7 +482,6 @@ class ProcessRun:
     ) -> None:
         self._shim = shim
         self._control = control  # dropping it would close the lifeline: the shim kills the job
-        self._output_fd = output_fd
         self.pid: int | None = pid  # the job's pid, which is also its process group
         self.container_id: str | None = None
         self.attempt_dir = attempt_dir
@@ -502,16 +505,10 @@ class ProcessRun:
             f"kernel's OOM killer ended {kills} process{'es' if kills > 1 else ''} of the job"
         )
 
-    def output(self) -> Iterator[bytes]:
-        """Read once: the pipe is closed when this ends (or is dropped)."""
-        fd, self._output_fd = self._output_fd, -1
-        if fd < 0:
-            return
-        try:
-            while data := os.read(fd, READ_SIZE):
-                yield data
-        finally:
-            os.close(fd)
+    def output(self, offset: int = 0) -> Iterator[bytes]:
+        """The output file from `offset`, as it grows, until the shim has exited and all of
+        it is read (the shim kills what the job left before it exits)."""
+        return read_output(self.attempt_dir, offset, ended=self.has_exited)
 
     def wait(self) -> int:
         return exit_code_from_returncode(self._shim.wait())
@@ -560,21 +557,19 @@ class ProcessRun:
 class EndedRun:
     """An attempt that ended on its own while no agent watched it: its shim recorded the exit
     code after the agent died (or before the agent had read it). Handed to the restarted
-    agent's supervisor like an adopted run, so the job's own result is reported, not a loss.
-    The output the agent had not read when it died is gone: `end_note` says so."""
+    agent's supervisor like an adopted run, so the job's own result is reported, not a loss,
+    and the rest of its output file is shipped."""
 
-    log_seq_from = 0
+    end_note = ""
 
-    def __init__(self, exit_code: int, *, pid: int | None) -> None:
+    def __init__(self, exit_code: int, *, pid: int | None, attempt_dir: Path) -> None:
         self._exit_code = exit_code
         self.pid = pid
         self.container_id: str | None = None
-        self.end_note = (
-            "the agent restarted after the job ended; output it had not yet read was not kept"
-        )
+        self.attempt_dir = attempt_dir
 
-    def output(self) -> Iterator[bytes]:
-        return iter(())
+    def output(self, offset: int = 0) -> Iterator[bytes]:
+        return read_output(self.attempt_dir, offset, ended=lambda: True)
 
     def wait(self) -> int:
         return self._exit_code
@@ -739,7 +734,7 @@ class ProcessLauncher:
             record = read_exit(attempt_dir)
             if record is not None and not record.stopped:
                 pid = read_record(attempt_dir).get("pgid")
-                ended[(job_id, attempt)] = EndedRun(record.code, pid=pid)
+                ended[(job_id, attempt)] = EndedRun(record.code, pid=pid, attempt_dir=attempt_dir)
         return ended
 
     # Start ------------------------------------------------------------------------------------
@@ -760,7 +755,9 @@ class ProcessLauncher:
         notes += capped_notes
         cgroup = self.cgroup_of((launch.job_id, launch.attempt))
         agent_end, shim_end = socket.socketpair()
-        out_read, out_write = os.pipe()
+        out_write = os.open(
+            attempt_dir / OUTPUT_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600
+        )
         argv = [
             *_shim_argv(),
             f"--fd={shim_end.fileno()}",
@@ -791,21 +788,18 @@ class ProcessLauncher:
                 start_new_session=True,  # a Ctrl-C meant for the agent must not reach it
             )
         except BaseException:
-            for fd in (out_read, out_write):
-                os.close(fd)
             agent_end.close()
             raise
         finally:
             shim_end.close()
-        os.close(out_write)
+            os.close(out_write)
         try:
             pid = self._handshake(
-                agent_end, shim, out_read, launch, env, self._limits_request(limits, cgroup)
+                agent_end, shim, attempt_dir, launch, env, self._limits_request(limits, cgroup)
             )
         except BaseException:
             agent_end.close()  # the lifeline: a shim still running kills what it started
             shim.wait()
-            os.close(out_read)
             raise
 
         def on_release() -> None:
@@ -815,7 +809,6 @@ class ProcessLauncher:
         return ProcessRun(
             shim=shim,
             control=agent_end,
-            output_fd=out_read,
             pid=pid,
             attempt_dir=attempt_dir,
             on_release=on_release,
@@ -843,7 +836,7 @@ class ProcessLauncher:
         self,
         control: socket.socket,
         shim: subprocess.Popen[bytes],
-        out_read: int,
+        attempt_dir: Path,
         launch: Launch,
         env: Mapping[str, str],
         limits: Mapping[str, Any],
@@ -867,7 +860,8 @@ class ProcessLauncher:
         if word == "error":
             raise (LeaseLapsed if rest.startswith(LEASE_LAPSED_TEXT) else LaunchError)(rest)
         shim.wait()
-        said = _drain(out_read).strip().splitlines()
+        output = b"".join(read_output(attempt_dir, 0, ended=lambda: True))
+        said = output.decode(errors="replace").strip().splitlines()
         raise LaunchError(
             f"the job's shim exited before starting the job (exit code {shim.returncode})"
             + (f": {said[-1]}" if said else "")
@@ -1043,10 +1037,24 @@ def _shim_env() -> dict[str, str]:
     return {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TZ") if k in os.environ}
 
 
-def _drain(fd: int) -> str:
-    os.set_blocking(fd, False)
-    chunks = []
-    with contextlib.suppress(OSError):
-        while data := os.read(fd, READ_SIZE):
-            chunks.append(data)
-    return b"".join(chunks).decode(errors="replace")
+def read_output(attempt_dir: Path, offset: int, *, ended: Callable[[], bool]) -> Iterator[bytes]:
+    """An attempt's output file from byte `offset` as it grows, until `ended()` held before a
+    read that found nothing more."""
+    try:
+        out = (attempt_dir / OUTPUT_FILE).open("rb")
+    except FileNotFoundError:
+        return  # an attempt directory from before output files: nothing to read
+    with out:
+        out.seek(offset)
+        wait = OUTPUT_POLL_S[0]
+        while True:
+            over = ended()
+            data = out.read(READ_SIZE)
+            if data:
+                wait = OUTPUT_POLL_S[0]
+                yield data
+            elif over:
+                return
+            else:
+                time.sleep(wait)
+                wait = min(wait * 2, OUTPUT_POLL_S[1])
