@@ -6,6 +6,7 @@ accepts, instead of a stack trace somewhere later.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,38 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_secret(name: str, *, min_chars: int) -> str:
+    """A secret such as a token: empty when unset, else at least ``min_chars`` characters."""
+    value = os.environ.get(name, "").strip()
+    if value and len(value) < min_chars:
+        raise ConfigError(
+            f"{name}: too short; expected at least {min_chars} random characters, e.g. from "
+            'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+        )
+    return value
+
+
+def env_networks(
+    name: str, default: list[str]
+) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated networks in CIDR notation (``10.0.0.0/8,::1``; a bare address is one
+    host); ``none`` or an empty value is no network at all."""
+    raw = os.environ.get(name)
+    items = default if raw is None else env_list(name, [])
+    if [item.lower() for item in items] == ["none"]:
+        return []
+    networks = []
+    for item in items:
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ConfigError(
+                f"{name}={raw!r}: {item!r} is not a network; expected comma-separated "
+                "addresses or CIDR networks such as 127.0.0.1/32,10.0.0.0/8,::1, or none"
+            ) from None
+    return networks
 
 
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, Any]:

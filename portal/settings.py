@@ -19,8 +19,10 @@ from portal.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_origins,
     env_rate,
+    env_secret,
     env_str,
     secret_key_from_env,
     sqlite_database,
@@ -124,6 +126,12 @@ try:
     # Forms on the pages get the same ceiling.
     DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
 
+    # /metrics (portal/ops/metrics.py): served to a scraper that sends this bearer token, or
+    # that connects from one of these networks (the TCP peer, REMOTE_ADDR; X-Forwarded-For is
+    # never trusted); anyone else gets a 403. Default: loopback only, no token.
+    METRICS_TOKEN = env_secret("PORTAL_METRICS_TOKEN", min_chars=16)
+    METRICS_ALLOW = env_networks("PORTAL_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"])
+
     LOG_LEVEL = env_choice(
         "PORTAL_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")
     ).upper()
@@ -143,6 +151,8 @@ INSTALLED_APPS = [
     "template_partials",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI's own files, served as our static files (see SPECTACULAR_SETTINGS).
+    "drf_spectacular_sidecar",
     "portal.tenants",
     "portal.cluster",
     "portal.jobs",
@@ -155,7 +165,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so every answer under /api/ is JSON, even one a later middleware produced.
+    # Outermost: times everything below it and sees the status the client gets (/metrics).
+    "portal.ops.request_metrics.RequestLatencyMiddleware",
+    # Next, so every answer under /api/ is JSON, even one a later middleware produced.
     "portal.api.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -232,6 +244,13 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit GPU jobs, follow them, read their logs, cancel them.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # /api/docs/ loads Swagger UI from this server's static files, not from a CDN: it works
+    # on a cluster without internet access, and no third party sees who reads the docs.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # No "valid" badge fetched from swagger.io's validator either.
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 # Celery: the control plane consumes the "control" queue; each agent consumes "node.<name>".

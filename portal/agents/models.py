@@ -28,6 +28,7 @@ class Dispatch(models.Model):
         # Born in the cluster app; the table kept its name when the model moved here.
         db_table = "cluster_dispatch"
         ordering = ["-last_sent_at"]
+        verbose_name_plural = "dispatches"
         constraints = [
             models.UniqueConstraint(
                 fields=["job", "attempt", "kind"], name="one_dispatch_per_attempt_kind"
@@ -49,6 +50,7 @@ class JobMetrics(models.Model):
 
     class Meta:
         db_table = "cluster_jobmetrics"
+        verbose_name = verbose_name_plural = "job metrics"
 
     def __str__(self) -> str:
         return f"metrics of job {self.job_id}#{self.attempt}"

@@ -1,13 +1,25 @@
-"""Token authentication with messages that tell a notebook user what to send."""
+"""Token authentication with messages that tell a notebook user what to send, and the
+scopes a token needs for each request."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication, get_authorization_header
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 
-from portal.tenants.tokens import token_find
+from portal.tenants.models import TOKEN_SCOPES, ApiToken
+from portal.tenants.tokens import token_find, token_touch
+
+READ, SUBMIT, ADMIN = TOKEN_SCOPES
+# What each scope lets a token do, for the 403 that names the missing one.
+SCOPE_USES = {
+    READ: "reading jobs, logs, teams and tokens",
+    SUBMIT: "submitting, cancelling, holding, releasing and resubmitting jobs",
+    ADMIN: "creating and revoking tokens and changing teams",
+}
 
 HOW_TO = (
     "send the header 'Authorization: Token <key>'; "
@@ -58,4 +70,35 @@ class PortalTokenAuthentication(TokenAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Authorization header: the token's user is inactive"
             )
+        now = timezone.now()
+        if token.expired(now):
+            raise exceptions.AuthenticationFailed(
+                f"Authorization header: the token {token.prefix}... ({token.name!r}) expired "
+                f"at {token.expires_at.isoformat() if token.expires_at else ''}; create a new "
+                "one on the Tokens page (/tokens/) or with `python manage.py issue_token`"
+            )
+        token_touch(token=token, now=now)
         return (token.user, token)
+
+
+class ScopeDenied(exceptions.PermissionDenied):
+    """A valid token without the scope this request needs (a 403 under ``scope``)."""
+
+
+class TokenScopes(BasePermission):
+    """A token needs ``read`` for reads and the view's ``write_scope`` for writes. A browser
+    session (``request.auth`` not a token) is the person themself: every scope."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        token = request.auth
+        if not isinstance(token, ApiToken):
+            return True
+        needed = READ if request.method in SAFE_METHODS else view.write_scope
+        if token.has_scope(needed):
+            return True
+        held = ", ".join(token.scopes) if isinstance(token.scopes, list) else ""
+        raise ScopeDenied(
+            f"this token lacks the {needed!r} scope, which {SCOPE_USES[needed]} needs; "
+            f"its scopes: {held or 'none'}. Create a token with {needed!r} on the Tokens page "
+            "(/tokens/) or through POST /api/v1/tokens/"
+        )

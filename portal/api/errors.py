@@ -16,11 +16,12 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from portal.api.auth import HOW_TO
+from portal.api.auth import HOW_TO, ScopeDenied
 from portal.api.outage import DATABASE_UNAVAILABLE, database_unavailable, log_outage
 from portal.jobs.services import JobActionError
 from portal.jobs.validation import JobRequestError
 from portal.tenants.services import QuotaError
+from portal.tenants.tokens import TokenError
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -32,7 +33,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         )
         log_outage(request=context["request"], response=unavailable, exc=exc)
         return unavailable
-    if isinstance(exc, JobRequestError | QuotaError):
+    if isinstance(exc, JobRequestError | QuotaError | TokenError):
         return Response({"errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, JobActionError):
         return Response({"errors": {"state": str(exc)}}, status=status.HTTP_409_CONFLICT)
@@ -47,6 +48,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         response.data = {"errors": {"authorization": "authentication required; " + HOW_TO}}
     elif isinstance(exc, exceptions.AuthenticationFailed):
         response.data = {"errors": {"authorization": str(exc.detail)}}
+    elif isinstance(exc, ScopeDenied):
+        response.data = {"errors": {"scope": str(exc.detail)}}
     elif isinstance(exc, Http404 | exceptions.NotFound):
         response.data = {"errors": {"detail": _not_found(context)}}
     elif isinstance(exc, exceptions.UnsupportedMediaType):
@@ -74,6 +77,8 @@ def _not_found(context: dict[str, Any]) -> str:
         return f"no job {kwargs['job_id']} among the jobs of your teams"
     if "name" in kwargs:
         return f"no team {kwargs['name']!r} among your teams"
+    if "token_id" in kwargs:
+        return f"no token {kwargs['token_id']} among your tokens"
     return "not found"
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.jobs.models import GpuKind, Job, JobDependency, JobState
 from portal.jobs.selectors import job_slices
-from portal.tenants.models import PRIORITY_CLASSES
+from portal.tenants.models import PRIORITY_CLASSES, TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
 
 # --- errors ------------------------------------------------------------------------------
 
@@ -230,3 +231,42 @@ class QuotaUpdateSerializer(serializers.Serializer):
     )
     member_limit_units = serializers.FloatField(min_value=0, required=False, allow_null=True)
     budget_gpu_hours = serializers.FloatField(min_value=0, required=False, allow_null=True)
+
+
+# --- tokens ------------------------------------------------------------------------------
+
+SCOPES_HELP = (
+    f"a non-empty subset of {', '.join(TOKEN_SCOPES)}: read = every GET; submit = submit, "
+    "cancel, hold, release, resubmit; admin = create and revoke tokens, change teams"
+)
+
+
+class TokenCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=TOKEN_NAME_MAX_CHARS, help_text="e.g. the notebook")
+    scopes = serializers.ListField(child=serializers.CharField(), help_text=SCOPES_HELP)
+    expires_at = serializers.DateTimeField(
+        required=False, allow_null=True, help_text="after now; null or absent: never"
+    )
+
+
+class TokenSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    prefix = serializers.CharField(help_text="the key's first 8 characters, to tell tokens apart")
+    scopes = serializers.ListField(child=serializers.CharField(), help_text=SCOPES_HELP)
+    expires_at = serializers.DateTimeField(allow_null=True, help_text="null: never")
+    expired = serializers.SerializerMethodField(help_text="refused (401) since expires_at")
+    last_used_at = serializers.DateTimeField(
+        allow_null=True, help_text="the latest use, to the minute; null: never used"
+    )
+    created_at = serializers.DateTimeField()
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_expired(self, token: ApiToken) -> bool:
+        return token.expired(timezone.now())
+
+
+class TokenCreatedSerializer(TokenSerializer):
+    key = serializers.CharField(
+        help_text="the token itself, shown this once: the portal keeps only its digest"
+    )

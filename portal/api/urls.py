@@ -13,4 +13,6 @@ urlpatterns = [
     path("jobs/<int:job_id>/resubmit/", views.JobResubmitView.as_view(), name="job_resubmit"),
     path("teams/", views.TeamListView.as_view(), name="team_list"),
     path("teams/<str:name>/", views.TeamDetailView.as_view(), name="team_detail"),
+    path("tokens/", views.TokenListView.as_view(), name="token_list"),
+    path("tokens/<int:token_id>/", views.TokenDetailView.as_view(), name="token_detail"),
 ]

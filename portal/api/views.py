@@ -6,7 +6,7 @@ from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api.auth import PortalTokenAuthentication
+from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScopes
 from portal.api.errors import api_exception_handler
 from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
 from portal.api.serializers import (
@@ -27,6 +27,9 @@ from portal.api.serializers import (
     JobSummarySerializer,
     QuotaUpdateSerializer,
     TeamOverviewSerializer,
+    TokenCreatedSerializer,
+    TokenCreateSerializer,
+    TokenSerializer,
 )
 from portal.jobs.models import Job, JobState
 from portal.jobs.selectors import (
@@ -41,10 +44,19 @@ from portal.jobs.validation import validate_job_request
 from portal.tenants.models import Team
 from portal.tenants.selectors import can_admin_team, is_site_admin, teams_for_user
 from portal.tenants.services import quota_update
+from portal.tenants.tokens import (
+    token_create,
+    token_get_for_user,
+    token_list_for_user,
+    token_revoke,
+)
 
 ERRORS = {
     400: OpenApiResponse(ErrorSerializer, description="bad input: each field with its message"),
-    401: OpenApiResponse(ErrorSerializer, description="missing, malformed or unknown token"),
+    401: OpenApiResponse(
+        ErrorSerializer, description="missing, malformed, unknown, revoked or expired token"
+    ),
+    403: OpenApiResponse(ErrorSerializer, description="the token lacks the scope this needs"),
 }
 NOT_FOUND = {404: OpenApiResponse(ErrorSerializer, description="no such job or team for you")}
 FORBIDDEN = {403: OpenApiResponse(ErrorSerializer, description="you may not do this")}
@@ -54,7 +66,10 @@ class PortalAPIView(APIView):
     """Token (or session) authentication, JSON in and out, and the API's one error shape."""
 
     authentication_classes = [PortalTokenAuthentication, SessionAuthentication]
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsAuthenticated, TokenScopes]
+    # The scope a token needs for this view's writes (reads need `read`). Admin unless a view
+    # says otherwise, so a new write endpoint stays closed to lesser tokens until decided.
+    write_scope = ADMIN
     # JSON, with no NUL, lone surrogate or absurd nesting anywhere in it (portal/api/guards.py).
     parser_classes = [PortalJSONParser]
     renderer_classes = [JSONRenderer]
@@ -80,6 +95,7 @@ def _detail(job: Job) -> dict[str, Any]:
 
 
 class JobListView(PortalAPIView, GenericAPIView):
+    write_scope = SUBMIT
     serializer_class = JobSummarySerializer
     queryset = Job.objects.none()  # the real one depends on the user: see get_queryset
 
@@ -139,6 +155,8 @@ def _action_responses(conflict: str, *, ok: int = 200) -> dict[Any, Any]:
 
 
 class JobCancelView(PortalAPIView):
+    write_scope = SUBMIT
+
     @extend_schema(
         summary="Cancel a job",
         description="A waiting job ends CANCELLED at once; a running one is stopped by its agent "
@@ -152,6 +170,8 @@ class JobCancelView(PortalAPIView):
 
 
 class JobHoldView(PortalAPIView):
+    write_scope = SUBMIT
+
     @extend_schema(
         summary="Hold a pending job",
         description="A PENDING job becomes HELD: the scheduler skips it until it is released.",
@@ -163,6 +183,8 @@ class JobHoldView(PortalAPIView):
 
 
 class JobReleaseView(PortalAPIView):
+    write_scope = SUBMIT
+
     @extend_schema(
         summary="Release a held job",
         description="A HELD job goes back to PENDING, at the end of the queue.",
@@ -174,6 +196,8 @@ class JobReleaseView(PortalAPIView):
 
 
 class JobResubmitView(PortalAPIView):
+    write_scope = SUBMIT
+
     @extend_schema(
         summary="Submit a new job with the request of an ended one",
         description="The request is checked again like any submit; the answer is the new job.",
@@ -285,17 +309,81 @@ class TeamDetailView(PortalAPIView):
     )
     def patch(self, request: Request, name: str) -> Response:
         team = _team_for(request, name)
-        changes = request.data
-        if not isinstance(changes, dict):
-            raise ValidationError({"detail": "send a JSON object of the fields to change"})
-        allowed = tuple(QuotaUpdateSerializer().fields)
-        unknown = [key for key in changes if key not in allowed]
-        if unknown:
-            raise ValidationError(
-                {key: f"unknown field; allowed: {', '.join(allowed)}" for key in unknown}
-            )
+        changes = _fields_of(
+            request, QuotaUpdateSerializer, "send a JSON object of the fields to change"
+        )
         team = quota_update(team=team, by=request.user, **changes)
         return Response(TeamOverviewSerializer(_overviews(request, [team])[0]).data)
+
+
+def _fields_of(
+    request: Request, serializer: type[serializers.Serializer[Any]], shape: str
+) -> dict[str, Any]:
+    """The request's JSON object, refused (400) when it is not one (`shape` says what to send)
+    or names a field `serializer` does not have."""
+    data = request.data
+    if not isinstance(data, dict):
+        raise ValidationError({"detail": shape})
+    allowed = tuple(serializer().fields)
+    unknown = [key for key in data if key not in allowed]
+    if unknown:
+        raise ValidationError(
+            {key: f"unknown field; allowed: {', '.join(allowed)}" for key in unknown}
+        )
+    return data
+
+
+class TokenListView(PortalAPIView):
+    @extend_schema(
+        summary="My API tokens (never their keys)",
+        responses={200: TokenSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        tokens = token_list_for_user(user=request.user)
+        return Response(TokenSerializer(tokens, many=True).data)
+
+    @extend_schema(
+        summary="Create a token (session or an admin-scoped token)",
+        description="The answer carries the key: the only time it is shown.",
+        request=TokenCreateSerializer,
+        responses={201: TokenCreatedSerializer, **ERRORS},
+    )
+    def post(self, request: Request) -> Response:
+        data = _fields_of(
+            request, TokenCreateSerializer, "send a JSON object: name, scopes, expires_at"
+        )
+        token, key = token_create(
+            user=request.user,
+            name=data.get("name", ""),
+            scopes=data.get("scopes", []),
+            expires_at=data.get("expires_at"),
+        )
+        return Response(
+            {**TokenSerializer(token).data, "key": key},
+            status=status.HTTP_201_CREATED,
+            # The answer carries the key: no cache may keep it.
+            headers={"Location": f"/api/v1/tokens/{token.pk}/", "Cache-Control": "no-store"},
+        )
+
+
+class TokenDetailView(PortalAPIView):
+    @extend_schema(
+        summary="One of my tokens (never its key)",
+        responses={200: TokenSerializer, **ERRORS, **NOT_FOUND},
+    )
+    def get(self, request: Request, token_id: int) -> Response:
+        token = token_get_for_user(user=request.user, token_id=token_id)
+        return Response(TokenSerializer(token).data)
+
+    @extend_schema(
+        summary="Revoke one of my tokens (session or an admin-scoped token)",
+        description="The token is deleted: from now on it is refused with a 401.",
+        request=None,
+        responses={204: None, **ERRORS, **NOT_FOUND},
+    )
+    def delete(self, request: Request, token_id: int) -> Response:
+        token_revoke(user=request.user, token_id=token_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)
 
 
 def _team_for(request: Request, name: str) -> Team:

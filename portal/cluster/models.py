@@ -43,6 +43,8 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["node__name", "index"]
+        verbose_name = "GPU"
+        verbose_name_plural = "GPUs"
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"

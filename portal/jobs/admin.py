@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 
 from portal.cluster.admin import ReadOnlyAdmin
-from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk
+from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk, JobState
 from portal.jobs.services import JobActionError, job_cancel
 
 # Owned by the state machine, the scheduler and the agents' reports: never typed in by hand.
@@ -32,6 +32,21 @@ STATE_FIELDS = (
     "queue_position",
     "estimated_start_at",
 )
+# What the job asked for. Editable (by a site admin) only while the job is PENDING; once the
+# scheduler placed it, its slices, charges and the agent's launch were made for exactly this.
+JOB_FIELDS = ("name", "team", "user", "image", "command", "env")
+GPU_REQUEST_FIELDS = (
+    "gpu_kind",
+    "gpu_count",
+    "gpu_min_count",
+    "gpu_profile",
+    "gpu_model",
+    "multi_node",
+    "priority",
+    "time_limit_s",
+    "preemptible",
+)
+REQUEST_FIELDS = JOB_FIELDS + GPU_REQUEST_FIELDS
 
 
 class JobEventInline(admin.TabularInline):
@@ -80,25 +95,16 @@ class JobAdmin(admin.ModelAdmin):
     inlines = [JobDependencyInline, JobEventInline]
     actions = ["cancel_jobs"]
     fieldsets = [
-        (None, {"fields": ["name", "team", "user", "image", "command", "env"]}),
-        (
-            "GPU request",
-            {
-                "fields": [
-                    "gpu_kind",
-                    "gpu_count",
-                    "gpu_min_count",
-                    "gpu_profile",
-                    "gpu_model",
-                    "multi_node",
-                    "priority",
-                    "time_limit_s",
-                    "preemptible",
-                ]
-            },
-        ),
+        (None, {"fields": JOB_FIELDS}),
+        ("GPU request", {"fields": GPU_REQUEST_FIELDS}),
         ("State (changed only by the portal)", {"fields": STATE_FIELDS}),
     ]
+
+    def get_readonly_fields(self, request: Any, obj: Job | None = None) -> tuple[str, ...]:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and obj.state != JobState.PENDING:
+            return fields + REQUEST_FIELDS
+        return fields
 
     def has_add_permission(self, request: Any) -> bool:
         # Jobs enter through the submit service (form or API), which validates and schedules.

@@ -123,6 +123,7 @@ class JobDependency(models.Model):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.AFTER_OK)
 
     class Meta:
+        verbose_name_plural = "job dependencies"
         constraints = [
             models.UniqueConstraint(fields=["job", "depends_on"], name="one_dependency_per_pair")
         ]

@@ -22,3 +22,24 @@ class SchedulerState(models.Model):
 
     def __str__(self) -> str:
         return f"scheduler state after {self.passes} passes"
+
+
+# Pass timings kept for /metrics: enough recent passes for a useful histogram (about 17
+# minutes at the default 2 s beat), few enough that a scrape reads them in one cheap query.
+PASS_TIMINGS_KEPT = 500
+
+
+class PassTiming(models.Model):
+    """How long each phase of one scheduling pass took; only the latest ``PASS_TIMINGS_KEPT``
+    passes are kept (every pass prunes the older ones)."""
+
+    finished_at = models.DateTimeField()
+    snapshot_ms = models.FloatField(help_text="loading the snapshot (after the lock)")
+    decide_ms = models.FloatField(help_text="the pure core: scheduler.schedule()")
+    apply_ms = models.FloatField(help_text="writing the decisions")
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"pass {self.pk}: {self.snapshot_ms + self.decide_ms + self.apply_ms:.1f} ms"

@@ -25,7 +25,7 @@ from portal import agent_messages
 from portal.policy import scheduler_config
 from portal.scheduling.apply import Applied, apply_decisions
 from portal.scheduling.lock import scheduler_file_lock, try_advisory_lock
-from portal.scheduling.models import SchedulerState
+from portal.scheduling.models import PASS_TIMINGS_KEPT, PassTiming, SchedulerState
 from portal.scheduling.snapshot import load_snapshot
 from scheduler import schedule
 
@@ -61,13 +61,23 @@ def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
             if not try_advisory_lock():
                 return SKIPPED
             when = now or timezone.now()
+            locked_at = time.perf_counter()
             loaded = load_snapshot(now=when, config=config)
             loaded_at = time.perf_counter()
             decisions = schedule(loaded.snapshot, now=when.timestamp(), config=config)
             decided_at = time.perf_counter()
             applied = apply_decisions(decisions, loaded=loaded)
             applied_at = time.perf_counter()
-            _record_pass(when, applied, (applied_at - began) * 1000)
+            _record_pass(
+                when,
+                applied,
+                duration_ms=(applied_at - began) * 1000,
+                phases_ms=(
+                    (loaded_at - locked_at) * 1000,
+                    (decided_at - loaded_at) * 1000,
+                    (applied_at - decided_at) * 1000,
+                ),
+            )
             assigned, preempted = list(applied.assigned), list(applied.preempted)
             transaction.on_commit(lambda: dispatch_after_pass(assigned, preempted), robust=True)
     result = PassResult(
@@ -104,10 +114,25 @@ def dispatch_after_pass(assigned: list[int], preempted: list[int]) -> None:
         agent_messages.request_stops(preempted)
 
 
-def _record_pass(when: datetime, applied: Applied, duration_ms: float) -> None:
+def _record_pass(
+    when: datetime,
+    applied: Applied,
+    *,
+    duration_ms: float,
+    phases_ms: tuple[float, float, float],
+) -> None:
+    """The singleton state row, and this pass's phase timings (snapshot, decide, apply) for
+    /metrics, pruning all but the latest ``PASS_TIMINGS_KEPT``."""
+    finished_at = timezone.now()
+    snapshot_ms, decide_ms, apply_ms = phases_ms
+    timing = PassTiming.objects.create(
+        finished_at=finished_at, snapshot_ms=snapshot_ms, decide_ms=decide_ms, apply_ms=apply_ms
+    )
+    # Ids only grow, and passes run one at a time (the lock): one DELETE keeps the window.
+    PassTiming.objects.filter(pk__lte=timing.pk - PASS_TIMINGS_KEPT).delete()
     state, _ = SchedulerState.objects.get_or_create(pk=1)
     state.snapshot_at = when
-    state.finished_at = timezone.now()
+    state.finished_at = finished_at
     state.duration_ms = duration_ms
     state.passes += 1
     state.assigned = len(applied.assigned)

@@ -44,13 +44,21 @@ class MembershipAdmin(admin.ModelAdmin):
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    """Site admins see and revoke tokens; only `manage.py issue_token` creates them, since
-    the key exists in clear only at that moment."""
+    """Site admins see and revoke tokens; only their users (the Tokens page, the API) and
+    `manage.py issue_token` create them, since the key exists in clear only at that moment."""
 
-    list_display = ["prefix", "user", "created_at"]
-    search_fields = ["user__username", "prefix"]
+    list_display = ["prefix", "name", "user", "scopes", "expires_at", "last_used_at", "created_at"]
+    search_fields = ["user__username", "prefix", "name"]
     list_select_related = ["user"]
-    readonly_fields = ["user", "prefix", "created_at"]
+    readonly_fields = [
+        "user",
+        "prefix",
+        "name",
+        "scopes",
+        "expires_at",
+        "last_used_at",
+        "created_at",
+    ]
     exclude = ["digest"]
 
     def has_add_permission(self, request: Any) -> bool:

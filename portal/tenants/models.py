@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -14,6 +15,15 @@ from workers.protocol import FORBIDDEN_NETWORKS, NETWORK_NAME_PATTERN
 
 PRIORITY_CLASSES = ("low", "normal", "high")  # lowest first, as the scheduler reads them
 PRIORITY_CHOICES = [(name, name) for name in PRIORITY_CLASSES]
+# What an API token may do (docs/api.md, "Scopes"): read anything its user may see; submit
+# and act on jobs; manage tokens and administer teams. A browser session may do all three.
+TOKEN_SCOPES = ("read", "submit", "admin")
+TOKEN_NAME_MAX_CHARS = 64
+
+
+def every_token_scope() -> list[str]:
+    """The scopes of a token made before tokens had scopes (they could do everything)."""
+    return list(TOKEN_SCOPES)
 
 
 def validate_image_prefixes(value: Any) -> None:
@@ -147,13 +157,27 @@ class ApiToken(models.Model):
     digest = models.CharField(max_length=64, unique=True)
     # The key's first characters: enough to tell a user's tokens apart, useless to an attacker.
     prefix = models.CharField(max_length=8)
+    # The defaults are what tokens from before names and scopes got (migration 0005); new
+    # tokens are made by tokens.token_create, which always sets both.
+    name = models.CharField(max_length=TOKEN_NAME_MAX_CHARS, default="unnamed")
+    # A subset of TOKEN_SCOPES, in that order (tokens.token_create checks it).
+    scopes = models.JSONField(default=every_token_scope)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="empty = never")
+    # Written at most once a minute per token (tokens.token_touch), not on every request.
+    last_used_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["user__username", "created_at"]
 
     def __str__(self) -> str:
-        return f"{self.prefix}... of {self.user}"
+        return f"{self.prefix}... ({self.name}) of {self.user}"
+
+    def has_scope(self, scope: str) -> bool:
+        return isinstance(self.scopes, list) and scope in self.scopes
+
+    def expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
 
 
 class AccessCounter(models.Model):

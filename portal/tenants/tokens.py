@@ -1,18 +1,49 @@
-"""API tokens: issued once in plaintext, stored as a SHA-256 digest, looked up by digest."""
+"""API tokens: issued once in plaintext, stored as a SHA-256 digest, looked up by digest.
+
+Each token has a name, scopes (a subset of TOKEN_SCOPES), an optional expiry and the time it
+was last used. Its user creates, lists and revokes it (the Tokens page, /api/v1/tokens/);
+revoking deletes it. The API checks expiry and scopes on every request (portal/api/auth.py).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import unicodedata
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
-from portal.tenants.models import ApiToken
+from portal.tenants.models import TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
 
 # 20 random bytes as 40 hex characters: the shape DRF's tokens had, so old keys still fit.
 KEY_BYTES = 20
 PREFIX_CHARS = 8
+# A user's tokens at most: enough for every notebook and machine, not a table a script fills.
+TOKENS_PER_USER_MAX = 100
+# last_used_at is written when it is older than this, so a busy token costs one UPDATE a
+# minute instead of one per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+ALLOWED_SCOPES = ", ".join(TOKEN_SCOPES)
+ALLOWED_NAME = f"1 to {TOKEN_NAME_MAX_CHARS} characters, no control characters"
+ALLOWED_EXPIRY = (
+    "a date and time after now in ISO 8601 (2027-01-31T18:00:00Z; UTC when no offset is "
+    "given), or null for no expiry"
+)
+
+
+class TokenError(ValueError):
+    """A token request with bad values; ``errors`` maps each field to what it accepts."""
+
+    def __init__(self, errors: dict[str, str]) -> None:
+        super().__init__("; ".join(f"{field}: {message}" for field, message in errors.items()))
+        self.errors = errors
 
 
 def token_digest(key: str) -> str:
@@ -20,19 +51,158 @@ def token_digest(key: str) -> str:
 
 
 @transaction.atomic
-def token_issue(*, user: Any, revoke_others: bool = False) -> str:
-    """Create a token for `user` and return its key: the only time the key exists in clear.
+def token_create(
+    *,
+    user: Any,
+    name: Any,
+    scopes: Any,
+    expires_at: Any = None,
+    now: datetime | None = None,
+) -> tuple[ApiToken, str]:
+    """Create a token for ``user`` and return it with its key: the only time the key exists
+    in clear. The values are checked first (``TokenError`` names each bad one; nothing is
+    stored then): ``name`` text, ``scopes`` a non-empty list of TOKEN_SCOPES, ``expires_at``
+    None, an aware datetime or ISO 8601 text, after ``now``."""
+    now = now or timezone.now()
+    errors: dict[str, str] = {}
+    clean_name = _name(name, errors)
+    clean_scopes = _scopes(scopes, errors)
+    clean_expiry = _expiry(expires_at, now, errors)
+    if not errors and ApiToken.objects.filter(user=user).count() >= TOKENS_PER_USER_MAX:
+        errors["detail"] = (
+            f"you hold {TOKENS_PER_USER_MAX} tokens, the most a user may; revoke one first"
+        )
+    if errors:
+        raise TokenError(errors)
+    key = secrets.token_hex(KEY_BYTES)
+    token = ApiToken.objects.create(
+        user=user,
+        digest=token_digest(key),
+        prefix=key[:PREFIX_CHARS],
+        name=clean_name,
+        scopes=clean_scopes,
+        expires_at=clean_expiry,
+    )
+    return token, key
+
+
+@transaction.atomic
+def token_issue(
+    *,
+    user: Any,
+    revoke_others: bool = False,
+    name: str = "issue_token",
+    scopes: Sequence[str] = TOKEN_SCOPES,
+    expires_at: datetime | None = None,
+) -> str:
+    """Create a token for `user` and return its key (every scope and no expiry unless told).
 
     A user may hold several tokens (one per notebook or machine); `revoke_others` deletes
     the ones they had, for a rotation.
     """
     if revoke_others:
         ApiToken.objects.filter(user=user).delete()
-    key = secrets.token_hex(KEY_BYTES)
-    ApiToken.objects.create(user=user, digest=token_digest(key), prefix=key[:PREFIX_CHARS])
+    _, key = token_create(user=user, name=name, scopes=list(scopes), expires_at=expires_at)
     return key
+
+
+def token_revoke(*, user: Any, token_id: int) -> None:
+    """Delete ``user``'s token ``token_id``; ``ApiToken.DoesNotExist`` when they hold no such
+    token (another user's token looks exactly like a missing one)."""
+    deleted, _ = ApiToken.objects.filter(user=user, pk=token_id).delete()
+    if not deleted:
+        raise ApiToken.DoesNotExist(f"no token {token_id} among your tokens")
+
+
+def token_list_for_user(*, user: Any) -> QuerySet[ApiToken]:
+    """``user``'s tokens, newest first."""
+    return ApiToken.objects.filter(user=user).order_by("-created_at", "-pk")
+
+
+def token_get_for_user(*, user: Any, token_id: int) -> ApiToken:
+    return ApiToken.objects.get(user=user, pk=token_id)
 
 
 def token_find(*, key: str) -> ApiToken | None:
     """The token whose key this is (its user joined), or None."""
     return ApiToken.objects.select_related("user").filter(digest=token_digest(key)).first()
+
+
+def token_touch(*, token: ApiToken, now: datetime) -> None:
+    """Record that ``token`` was used ``now``, unless that was recorded less than a minute
+    ago. The UPDATE is conditional too, so processes racing on one token write it once."""
+    last = token.last_used_at
+    if last is not None and now - last < LAST_USED_RESOLUTION:
+        return
+    stale = Q(last_used_at__isnull=True) | Q(last_used_at__lte=now - LAST_USED_RESOLUTION)
+    ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now)
+    token.last_used_at = now
+
+
+# --- checks of a token request ---------------------------------------------------------
+
+
+def token_problems(*, name: Any, scopes: Any, expires_at: Any, now: datetime) -> dict[str, str]:
+    """What ``token_create`` would refuse in these values (field -> message), without storing
+    anything: for a form that has a problem of its own to show beside them."""
+    errors: dict[str, str] = {}
+    _name(name, errors)
+    _scopes(scopes, errors)
+    _expiry(expires_at, now, errors)
+    return errors
+
+
+def _name(value: Any, errors: dict[str, str]) -> str:
+    if not isinstance(value, str):
+        errors["name"] = f"must be text; allowed: {ALLOWED_NAME}"
+        return ""
+    name = value.strip()
+    if not name:
+        errors["name"] = f"required; allowed: {ALLOWED_NAME}"
+    elif len(name) > TOKEN_NAME_MAX_CHARS:
+        errors["name"] = f"{len(name)} characters is too long; allowed: {ALLOWED_NAME}"
+    elif any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
+        errors["name"] = f"must not contain control characters; allowed: {ALLOWED_NAME}"
+    return name
+
+
+def _scopes(value: Any, errors: dict[str, str]) -> list[str]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        errors["scopes"] = f'must be a list of scopes such as ["read"]; allowed: {ALLOWED_SCOPES}'
+        return []
+    unknown = [scope for scope in value if scope not in TOKEN_SCOPES]
+    if unknown:
+        shown = ", ".join(repr(scope[:40]) for scope in unknown[:5])
+        errors["scopes"] = f"unknown scope {shown}; allowed: {ALLOWED_SCOPES}"
+        return []
+    if not value:
+        errors["scopes"] = f"at least one scope is required; allowed: {ALLOWED_SCOPES}"
+    # Stored in one order, each once, so lists and comparisons read the same everywhere.
+    return [scope for scope in TOKEN_SCOPES if scope in value]
+
+
+def _expiry(value: Any, now: datetime, errors: dict[str, str]) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        when: datetime | None = value
+    elif isinstance(value, str):
+        try:
+            when = parse_datetime(value.strip())
+        except ValueError:  # well formed, but no such day or hour (2027-02-30)
+            when = None
+    else:
+        when = None
+    if when is None:
+        shown = repr(value[:40]) if isinstance(value, str) else f"a {type(value).__name__}"
+        errors["expires_at"] = f"{shown} is not a date and time; allowed: {ALLOWED_EXPIRY}"
+        return None
+    if timezone.is_naive(when):
+        when = when.replace(tzinfo=UTC)
+    if when <= now:
+        at_now = now.astimezone(UTC).replace(microsecond=0).isoformat()
+        errors["expires_at"] = (
+            f"{when.isoformat()} is not in the future (now: {at_now}); allowed: {ALLOWED_EXPIRY}"
+        )
+        return None
+    return when

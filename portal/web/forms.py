@@ -2,12 +2,15 @@
 
 No validation lives here: ``validate_job_request`` and ``quota_update`` check the values and
 name what is allowed. This module only maps form field names to the request's dotted names
-and back, so each error shows next to the input it is about.
+and back, so each error shows next to the input it is about, and once more, under the
+input's label, in the list of every problem at the top of the form (never as a request path
+like ``depends_on.1.kind``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.http import QueryDict
@@ -35,6 +38,22 @@ _GPU_INPUTS = {
     "gpu_model": "model",
 }
 _TOP_INPUTS = ("name", "team", "image", "command", "env", "priority", "time_limit_s", "depends_on")
+# What the form calls each input (its label), for the list of problems.
+JOB_FORM_LABELS: dict[str, str] = {
+    "name": "Name",
+    "team": "Team",
+    "image": "Image",
+    "command": "Command",
+    "env": "Environment",
+    "gpu_kind": "GPU kind",
+    "gpu_count": "GPU count",
+    "gpu_profile": "MIG profile",
+    "gpu_model": "GPU model",
+    "priority": "Priority",
+    "time_limit_s": "Time limit",
+    "depends_on": "Depends on",
+    "preemptible": "Preemptible",
+}
 
 QUOTA_FIELDS = ("weight", "guaranteed_units", "limit_units", "max_priority")
 
@@ -54,27 +73,47 @@ def job_request_data(values: Mapping[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = {name: values[name] for name in _TOP_INPUTS}
     data["preemptible"] = values["preemptible"]
     kind = values["gpu_kind"]
-    gpu = {"kind": kind, "count": values["gpu_count"], "model": values["gpu_model"]}
-    # The profile select always sends a value; it only means something for MIG.
+    gpu = {"kind": kind, "count": values["gpu_count"]}
+    # The profile and model inputs always send a value, but each one is shown (and means
+    # something) only for its kind: MIG, whole GPUs. A hidden one is left out, so no error can
+    # point at an input the person does not see.
     if kind == "mig":
         gpu["profile"] = values["gpu_profile"]
+    if kind == "whole":
+        gpu["model"] = values["gpu_model"]
     data["gpu"] = gpu
     return data
 
 
-def job_form_errors(errors: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Split validation errors into (input name -> message, messages for no single input)."""
-    by_input: dict[str, str] = {}
-    general: list[str] = []
+@dataclass(frozen=True)
+class FormError:
+    """One problem with a form, as a person reads it: the input's label and what is wrong."""
+
+    label: str
+    message: str
+    input: str | None  # the input it is about (to link to); None for the form as a whole
+
+
+def job_form_errors(errors: Mapping[str, str]) -> tuple[dict[str, list[str]], list[FormError]]:
+    """Validation errors as (input name -> its messages, every problem in the form's order).
+
+    The first goes next to each input; the second is the list at the top of the form, so
+    all problems show at once, also one about an input that is scrolled out of view.
+    """
+    by_input: dict[str, list[str]] = {}
+    general: list[FormError] = []
     for dotted, message in errors.items():
         name = _input_for(dotted)
         if name is None:
-            general.append(f"{dotted}: {message}")
-        elif name in by_input:
-            by_input[name] += f"; {_detail(dotted)}{message}"
+            general.append(FormError(label=_label_for_path(dotted), message=message, input=None))
         else:
-            by_input[name] = f"{_detail(dotted)}{message}"
-    return by_input, general
+            by_input.setdefault(name, []).append(f"{_detail(dotted, message)}{message}")
+    problems = [
+        FormError(label=JOB_FORM_LABELS[name], message=message, input=name)
+        for name in JOB_FORM_LABELS
+        for message in by_input.get(name, ())
+    ]
+    return by_input, problems + general
 
 
 def _input_for(dotted: str) -> str | None:
@@ -88,14 +127,27 @@ def _input_for(dotted: str) -> str | None:
     return head if head in _TOP_INPUTS or head == "preemptible" else None
 
 
-def _detail(dotted: str) -> str:
-    """Which part of a list or mapping input an error is about (``env.FOO`` -> ``FOO: ``)."""
+def _detail(dotted: str, message: str) -> str:
+    """Which part of a list or mapping input an error is about, in words: ``argument 2: ``
+    for ``command.1``, ``dependency 2: `` for ``depends_on.1.kind``, ``FOO: `` for ``env.FOO``
+    (unless the message starts with the name already)."""
     head, _, rest = dotted.partition(".")
-    if head == "command" and rest:
+    if not rest:
+        return ""
+    if head == "command":
         return f"argument {int(rest.split('.')[0]) + 1}: "
-    if head in ("env", "depends_on") and rest:
+    if head == "depends_on":
+        return f"dependency {int(rest.split('.')[0]) + 1}: "
+    if head == "env" and not message.startswith(rest):
         return f"{rest}: "
     return ""
+
+
+def _label_for_path(dotted: str) -> str:
+    """A request path no input shows (``gpu.min_count``), in words (``GPU request, min count``)."""
+    head, _, rest = dotted.partition(".")
+    label = "GPU request" if head == "gpu" else head.replace("_", " ").capitalize()
+    return f"{label}, {rest.replace('.', ' ').replace('_', ' ')}" if rest else label
 
 
 def quota_form_values(post: QueryDict | None, overview: Mapping[str, Any]) -> dict[str, str]:

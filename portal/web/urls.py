@@ -15,4 +15,6 @@ urlpatterns = [
     path("teams/", views.team_list, name="team_list"),
     path("teams/<str:name>/", views.team_detail, name="team_detail"),
     path("teams/<str:name>/quota/", views.team_quota, name="team_quota"),
+    path("tokens/", views.token_list_view, name="token_list"),
+    path("tokens/<int:token_id>/revoke/", views.token_revoke_view, name="token_revoke"),
 ]

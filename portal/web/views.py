@@ -7,6 +7,7 @@ A page that refreshes itself renders, for an htmx request, only the fragment tha
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any
 
@@ -16,7 +17,9 @@ from django.contrib.auth.decorators import login_required as django_login_requir
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
+from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
@@ -32,10 +35,24 @@ from portal.jobs.selectors import (
 )
 from portal.jobs.services import JobActionError, can_act_on_job, job_cancel, job_submit
 from portal.jobs.validation import JobRequestError, validate_job_request
-from portal.tenants.models import PRIORITY_CLASSES, Team
+from portal.tenants.models import (
+    PRIORITY_CLASSES,
+    TOKEN_NAME_MAX_CHARS,
+    TOKEN_SCOPES,
+    ApiToken,
+    Team,
+)
 from portal.tenants.selectors import is_site_admin, member_teams, teams_for_user
 from portal.tenants.services import QuotaError, quota_update
+from portal.tenants.tokens import (
+    TokenError,
+    token_create,
+    token_list_for_user,
+    token_problems,
+    token_revoke,
+)
 from portal.web.forms import (
+    FormError,
     job_form_errors,
     job_form_values,
     job_request_data,
@@ -113,13 +130,13 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
     values = job_form_values(request.POST if request.method == "POST" else None)
     if request.method == "GET" and len(teams) == 1:
         values["team"] = teams[0].name
-    errors: dict[str, str] = {}
-    general: list[str] = []
+    errors: dict[str, list[str]] = {}
+    problems: list[FormError] = []
     if request.method == "POST":
         try:
             job_request = validate_job_request(job_request_data(values), user=request.user)
         except JobRequestError as error:
-            errors, general = job_form_errors(error.errors)
+            errors, problems = job_form_errors(error.errors)
         else:
             job = job_submit(user=request.user, request=job_request)
             messages.success(request, f"Job {job.pk} submitted.")
@@ -129,14 +146,14 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
         "nav": "submit",
         "values": values,
         "errors": errors,
-        "general_errors": general,
+        "problems": problems,
         "teams": teams,
         "priorities": PRIORITY_CLASSES,
         "mig_profiles": _mig_profile_choices(profiles_here),
         "gpu_models": models_here,
     }
     return render(
-        request, "web/job_submit.html", context, status=UNPROCESSABLE if errors or general else 200
+        request, "web/job_submit.html", context, status=UNPROCESSABLE if problems else 200
     )
 
 
@@ -287,3 +304,73 @@ def team_quota(request: HttpRequest, name: str) -> HttpResponse:
         messages.success(request, f"Quota of team {team.name} saved.")
         return redirect("web:team_detail", name=team.name)
     return render(request, "web/team_detail.html#quota", _team_context(request, team, saved=True))
+
+
+# --- tokens --------------------------------------------------------------------------
+
+# The expiry a person picks on the Tokens page (the API takes any time: expires_at).
+TOKEN_EXPIRY_DAYS = {"": None, "7": 7, "30": 30, "90": 90, "365": 365}
+TOKEN_FORM_DEFAULTS = {"name": "", "scopes": ["read", "submit"], "expires_in_days": "30"}
+
+
+def _tokens_context(request: HttpRequest, **extra: Any) -> dict[str, Any]:
+    return {
+        "nav": "tokens",
+        "tokens": list(token_list_for_user(user=request.user)),
+        "now": timezone.now(),
+        "scopes": TOKEN_SCOPES,
+        "name_max": TOKEN_NAME_MAX_CHARS,
+        "expiry_days": [days for days in TOKEN_EXPIRY_DAYS if days],
+        "values": TOKEN_FORM_DEFAULTS,
+        "errors": {},
+        **extra,
+    }
+
+
+@never_cache  # the answer to a create carries the key: no cache may keep it
+@login_required
+@require_http_methods(["GET", "POST"])
+def token_list_view(request: HttpRequest) -> HttpResponse:
+    """The user's tokens, and the form that creates one (its key shown in the answer only)."""
+    if request.method == "GET":
+        return render(request, "web/token_list.html", _tokens_context(request))
+    values = {
+        "name": request.POST.get("name", ""),
+        "scopes": request.POST.getlist("scopes"),
+        "expires_in_days": request.POST.get("expires_in_days", ""),
+    }
+    days = TOKEN_EXPIRY_DAYS.get(values["expires_in_days"], -1)
+    now = timezone.now()
+    try:
+        if days == -1:
+            allowed = ", ".join(f"{d} days" for d in TOKEN_EXPIRY_DAYS if d)
+            others = token_problems(
+                name=values["name"], scopes=values["scopes"], expires_at=None, now=now
+            )
+            raise TokenError({**others, "expires_at": f"unknown choice; allowed: never, {allowed}"})
+        token, key = token_create(
+            user=request.user,
+            name=values["name"],
+            scopes=values["scopes"],
+            expires_at=now + timedelta(days=days) if days else None,
+            now=now,
+        )
+    except TokenError as error:
+        context = _tokens_context(request, values=values, errors=error.errors)
+        return _render(request, "web/token_list.html", "tokens", context, status=UNPROCESSABLE)
+    context = _tokens_context(request, created=token, key=key)
+    return _render(request, "web/token_list.html", "tokens", context, status=201)
+
+
+@login_required
+@require_POST
+def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
+    """Revoke one of the user's tokens; someone else's is a 404, like a missing one."""
+    try:
+        token_revoke(user=request.user, token_id=token_id)
+    except ApiToken.DoesNotExist:
+        raise Http404("no such token") from None
+    if not request.htmx:
+        messages.success(request, "Token revoked: it no longer works.")
+        return redirect("web:token_list")
+    return render(request, "web/token_list.html#tokens", _tokens_context(request, revoked=True))

@@ -6,6 +6,9 @@ default described inventory. The job page must follow the job to SUCCEEDED by it
 (htmx polling, no reload), show the MIG device the agent put in CUDA_VISIBLE_DEVICES, and
 cancel a running job. Screenshots of the pages go to docs/screenshots/ for the README.
 
+A second test opens every page at a phone's size (390 x 844) against Django's live server and
+jobs written straight into the database, so it needs no agent: nothing may scroll sideways.
+
 Without Chromium the test is skipped, unless PORTAL_REQUIRE_SERVICES=1 (then it fails).
 """
 
@@ -21,11 +24,14 @@ from django.db import connections
 from services import require_service
 from stack import PortalStack
 
-from portal.jobs.models import Allocation, Job, JobState
+from portal.cluster.models import Slice
+from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
 from portal.jobs.services import job_submit
-from portal.jobs.testing import DEMO_PASSWORD, make_team, make_user
+from portal.jobs.testing import DEMO_PASSWORD, allocate, make_job, make_node, make_team, make_user
 from portal.jobs.validation import validate_job_request
-from portal.tenants.models import Membership
+from portal.tenants.models import ApiToken, Membership
+from portal.tenants.tokens import token_digest, token_issue
+from portal.web import urls as web_urls
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -39,6 +45,7 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 800}
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 JOB_TIMEOUT_MS = 120_000
 PRINT_DEVICES = "python3 -c \"import os; print(os.environ['CUDA_VISIBLE_DEVICES'])\""
 
@@ -86,8 +93,8 @@ def people() -> dict[str, Any]:
     }
 
 
-def log_in(browser: Any, base_url: str, username: str) -> Any:
-    page = browser.new_page(viewport=VIEWPORT)
+def log_in(browser: Any, base_url: str, username: str, **page_options: Any) -> Any:
+    page = browser.new_page(**{"viewport": VIEWPORT, **page_options})
     page.goto(f"{base_url}/login/")
     page.fill("#id_username", username)
     page.fill("#id_password", DEMO_PASSWORD)
@@ -234,3 +241,177 @@ def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
     assert Job.objects.get(pk=sleeper.pk).state == JobState.CANCELLED
     people["vision"].refresh_from_db()
     assert people["vision"].limit_units == 3.5
+
+
+# --- at a phone's width ------------------------------------------------------------------
+
+# Every page of portal/web/urls.py that answers a GET, as a path; the others only take POSTs.
+WEB_ACTIONS = {"logout", "job_cancel", "team_quota", "token_revoke"}
+
+
+def sideways_overflow(page: Any) -> dict[str, Any]:
+    """How far the page scrolls sideways, and every box whose content is wider than itself
+    (a table scrolling inside its wrapper would hide from the page's own scroll width)."""
+    return page.evaluate(
+        """() => ({
+            scrollWidth: document.documentElement.scrollWidth,
+            wide: Array.from(document.querySelectorAll("header, main, .panel, .table-wrap, table, pre"))
+                .filter((box) => box.scrollWidth > box.clientWidth + 1)
+                .map((box) => `${box.tagName.toLowerCase()}#${box.id}.${box.className}`),
+        })"""
+    )
+
+
+def test_every_page_fits_a_phone_without_sideways_scrolling(
+    chromium: Any, people: dict[str, Any], live_server: Any
+) -> None:
+    vision, admin, alice = people["vision"], people["admin"], people["alice"]
+    Membership.objects.create(team=vision, user=admin)  # a site admin who may also submit
+    node = make_node(
+        "gpu-node-with-a-long-name-01",
+        gpus=[{"mode": "whole"}, {"mode": "mig", "profiles": ["3g.40gb", "1g.10gb"]}],
+    )
+    # Real MIG UUIDs are long; they must wrap, not widen the page.
+    for number, slice_ in enumerate(Slice.objects.filter(kind="mig")):
+        Slice.objects.filter(pk=slice_.pk).update(
+            mig_uuid=f"MIG-8a3f9c2e-4b1d-5e6f-9a0b-1c2d3e4f5a6{number}"
+        )
+    running = make_job(
+        team=vision, user=alice, state=JobState.RUNNING, name="resnet50-imagenet-train-long-run"
+    )
+    allocate(running, [s.key for s in Slice.objects.filter(gpu__node=node, kind="mig")[:1]])
+    JobLogChunk.objects.create(
+        job=running, attempt=1, seq=0, data="epoch 1 " + "x" * 300 + "\nloss=0.42\n"
+    )
+    pending = make_job(
+        team=vision,
+        user=admin,
+        name="sweep-2gpu",
+        gpu_count=2,
+        pending_code="QUOTA_LIMIT",
+        pending_message="team vision uses 2.0 of 3.0 units, job needs 2.0",
+        queue_position=1,
+    )
+    make_job(
+        team=vision,
+        user=alice,
+        state=JobState.FAILED,
+        name="broken-eval",
+        exit_code=1,
+        reason="exited with code 1: ModuleNotFoundError: No module named 'torchvision'",
+    )
+    token_issue(user=admin, name="laptop notebook")  # a row on the Tokens page
+    base = live_server.url.rstrip("/")
+    pages = {
+        "login": "/login/",
+        "job_list": "/",
+        "job_submit": "/jobs/new/",
+        "job_detail": f"/jobs/{running.pk}/",
+        "team_list": "/teams/",
+        "team_detail": f"/teams/{vision.name}/",
+        "token_list": "/tokens/",
+    }
+    web_pages = {pattern.name for pattern in web_urls.urlpatterns} - WEB_ACTIONS
+    assert web_pages <= set(pages), f"add {web_pages - set(pages)} to this test"
+    shots = {name: path for name, path in pages.items() if name in web_pages}
+    shots |= {"job_pending": f"/jobs/{pending.pk}/", "404": "/jobs/999999/"}
+
+    anonymous = chromium.new_page(**PHONE)
+    page = log_in(chromium, base, "admin", **PHONE)
+    for name, path in shots.items():
+        visitor = anonymous if name == "login" else page
+        response = visitor.goto(f"{base}{path}")
+        assert response.status == (404 if name == "404" else 200), path
+        screenshot(visitor, f"mobile-{name.replace('_', '-')}.png")
+        overflow = sideways_overflow(visitor)
+        assert overflow["scrollWidth"] <= 391 and overflow["wide"] == [], (path, overflow)
+        if name != "login":
+            # The header wrapped instead of running off the screen: every link is on it.
+            for link in visitor.query_selector_all("header a, header button"):
+                box = link.bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 391
+
+    # The job list is one card per job, and a card shows the state and the reason.
+    page.goto(f"{base}/")
+    assert not page.is_visible("#job-table thead")
+    card = page.locator(f"#job-table tr:has(a[href='/jobs/{pending.pk}/'])")
+    assert card.locator("td[data-label='State'] .badge").inner_text() == "PENDING"
+    assert "QUOTA_LIMIT" in card.locator("td[data-label='Where / why']").inner_text()
+    failed = page.locator("#job-table tr:has-text('broken-eval') td[data-label='Where / why']")
+    assert "No module named" in failed.inner_text()
+
+    # A form sent with errors lists every problem at the top, and still fits.
+    page.goto(f"{base}/jobs/new/")
+    page.fill("#id_name", "")
+    page.fill("#id_command", "")
+    page.fill("#id_depends_on", "abc")
+    page.click("button:has-text('Submit job')")
+    problems = page.inner_text("#form-problems")
+    assert "Name: required" in problems and "Depends on: dependency 1:" in problems
+    screenshot(page, "mobile-submit-errors.png")
+    assert sideways_overflow(page)["scrollWidth"] <= 391
+
+
+# --- the Tokens page -----------------------------------------------------------------------
+
+
+def test_a_token_made_on_the_tokens_page_is_shown_once_works_and_is_revoked(
+    chromium: Any, people: dict[str, Any], live_server: Any
+) -> None:
+    """No agent needed: the page and the API of one web server (pytest-django's)."""
+    base = live_server.url
+    page = log_in(chromium, base, "alice")
+    page.click("nav >> text=Tokens")
+    page.wait_for_url(f"{base}/tokens/")
+
+    # A read-only token for a notebook; its key appears once, in the answer to the create.
+    page.fill("#id_token_name", "analysis notebook")
+    page.uncheck("#id_scope_submit")
+    page.select_option("#id_expires_in_days", "7")
+    page.click("button:has-text('Create token')")
+    key = page.inner_text("#new-token-key").strip()
+    token = ApiToken.objects.get(user=people["alice"])
+    assert (token.name, token.scopes, token.digest) == (
+        "analysis notebook",
+        ["read"],
+        token_digest(key),
+    )
+    row = page.inner_text(f"#token-{token.pk}")
+    assert "analysis notebook" in row and key[:8] in row and key not in row
+    screenshot(page, "tokens.png")
+
+    # The key works, for reading only; after a reload it is nowhere on the page.
+    api = page.context.request
+    headers = {"Authorization": f"Token {key}"}
+    assert api.get(f"{base}/api/v1/jobs/", headers=headers).status == 200
+    assert api.post(f"{base}/api/v1/jobs/", headers=headers, data={}).status == 403
+    page.reload()
+    assert key not in page.content()
+    assert "never" not in page.inner_text(f"#token-{token.pk} td[data-label='Last used']")
+
+    # Revoke (the confirm dialog accepted): the row goes, and the key is refused.
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click(f"#token-{token.pk} button:has-text('Revoke')")
+    page.wait_for_selector("#tokens .saved")
+    assert page.query_selector(f"#token-{token.pk}") is None
+    assert not ApiToken.objects.filter(pk=token.pk).exists()
+    assert api.get(f"{base}/api/v1/jobs/", headers=headers).status == 401
+
+
+def test_the_api_docs_render_with_no_internet(chromium: Any, live_server: Any) -> None:
+    base = live_server.url.rstrip("/")
+    elsewhere: list[str] = []
+
+    def only_this_server(route: Any) -> None:
+        if route.request.url.startswith(f"{base}/"):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    page = chromium.new_page(viewport=VIEWPORT)
+    page.route("**/*", only_this_server)
+    page.goto(f"{base}/api/docs/")
+    page.wait_for_selector(".swagger-ui .info .title:has-text('GPU portal API')")
+    page.wait_for_selector(".opblock-summary-path:has-text('/api/v1/jobs/')")
+    assert elsewhere == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.apps import apps
 from django.contrib import admin
@@ -54,6 +56,37 @@ def test_job_state_fields_are_read_only_and_jobs_are_not_added_by_hand(admin_cli
     for name in ("state", "attempt", "exit_code", "node", "stop_requested_at", "pending_code"):
         assert name not in form_fields
     assert admin_client_.get(reverse("admin:jobs_job_add")).status_code == 403
+
+
+def test_a_jobs_request_is_editable_while_pending_and_read_only_once_placed(admin_client_, world):
+    pending = make_job(team=world.vision, user=world.alice)
+    running = make_job(team=world.vision, user=world.alice, state=JobState.RUNNING)
+
+    def editable(job):
+        page = admin_client_.get(reverse("admin:jobs_job_change", args=[job.pk]))
+        assert page.status_code == 200
+        return set(page.context["adminform"].form.fields)
+
+    request_fields = {"image", "command", "env", "gpu_kind", "gpu_count", "priority", "team"}
+    assert request_fields <= editable(pending)
+    assert request_fields & editable(running) == set()
+    assert {"state", "exit_code"} & editable(pending) == set()
+
+
+def test_admin_model_names_are_spelled_right(admin_client_):
+    page = admin_client_.get(reverse("admin:index")).content.decode()
+
+    for right in ("Job metrics", "Dispatches", "GPUs", "Job dependencies"):
+        assert f">{right}</a>" in page, right
+    for wrong in ("Job metricss", "Dispatchs", "Gpus", "Job dependencys"):
+        assert wrong not in page
+
+
+def test_no_admin_model_has_a_naive_plural():
+    # Django's default plural adds an "s": wrong after s, x, ch, sh and a consonant + y.
+    for model in admin.site._registry:
+        plural = str(model._meta.verbose_name_plural)
+        assert not re.search(r"(ss|xs|chs|shs|[^aeiou]ys)$", plural), model.__name__
 
 
 def test_the_cancel_action_goes_through_the_service(admin_client_, world):

@@ -18,6 +18,7 @@ from django.utils import timezone
 from portal.jobs.models import Job, JobLogChunk, JobState
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
 from portal.tenants.models import Membership, Team
+from portal.web.forms import FormError, job_form_errors
 
 pytestmark = pytest.mark.django_db
 
@@ -402,6 +403,66 @@ def test_an_unknown_mig_profile_and_an_over_limit_count_name_their_fields(
     )
     assert '<span class="error" id="error-gpu_count">over-limit count: 5 x whole GPU' in count
     assert Job.objects.count() == 0
+
+
+def test_every_problem_is_listed_at_the_top_in_words_not_request_paths(
+    alice: Any, vision: Team
+) -> None:
+    form = submit_form(
+        name="",
+        command="",
+        env="CUDA_VISIBLE_DEVICES=1",
+        gpu_kind="whole",
+        gpu_count="0",
+        depends_on="abc, 7:sometimes",
+    )
+
+    page = html(client_for(alice).post(reverse("web:job_submit"), form))
+    summary = page.split('id="form-problems"', 1)[1].split("</div>", 1)[0]
+
+    assert "6 problems to fix" in summary
+    assert '<a href="#id_name">Name</a>: required' in summary
+    assert '<a href="#id_command">Command</a>: required, must not be empty' in summary
+    assert '<a href="#id_env">Environment</a>: CUDA_VISIBLE_DEVICES is reserved' in summary
+    assert '<a href="#id_gpu_count">GPU count</a>: 0 is out of range' in summary
+    assert (
+        '<a href="#id_depends_on">Depends on</a>: dependency 1: &#x27;abc&#x27; is not a whole'
+        in summary
+    )
+    # Two problems with one input: both next to it, one per line, each saying which entry.
+    assert (
+        '<span class="error" id="error-depends_on">dependency 1: &#x27;abc&#x27; is not a whole '
+        "number; allowed: a job id &gt;= 1<br>dependency 2: unknown kind &#x27;sometimes&#x27;"
+        in page
+    )
+    for path in ("depends_on.", "0.job", "1.kind", "env.CUDA", "gpu.count"):
+        assert path not in page
+    assert Job.objects.count() == 0
+
+
+def test_a_hidden_input_is_not_sent_so_it_cannot_hold_an_invisible_error(
+    alice: Any, vision: Team
+) -> None:
+    # The model input is hidden for an MPS request; what it still holds is left out.
+    response = client_for(alice).post(
+        reverse("web:job_submit"), submit_form(gpu_kind="mps", gpu_model="a100")
+    )
+
+    job = Job.objects.get()
+    assert response.status_code == 302
+    assert (job.gpu_kind, job.gpu_model) == ("mps", "")
+
+
+def test_an_error_no_input_shows_is_named_in_words() -> None:
+    by_input, problems = job_form_errors(
+        {"gpu.min_count": "must not be above count", "name": "required"}
+    )
+
+    assert by_input == {"name": ["required"]}
+    assert problems == [
+        FormError(label="Name", message="required", input="name"),
+        FormError(label="GPU request, min count", message="must not be above count", input=None),
+    ]
 
 
 def test_a_team_i_am_not_in_is_refused_on_the_form(alice: Any, nlp: Team) -> None:

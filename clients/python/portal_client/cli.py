@@ -230,7 +230,9 @@ def cmd_login(args: argparse.Namespace) -> int:
     token = (
         args.token
         or os.environ.get("PORTAL_TOKEN", "").strip()
-        or _ask_secret("API token (from the portal's admin or `manage.py issue_token <user>`): ")
+        or _ask_secret(
+            "API token (from the portal's Tokens page or `manage.py issue_token <user>`): "
+        )
     )
     if not url or not token:
         raise UsageError("login needs the portal's URL and a token")

@@ -7,6 +7,8 @@ from typing import Any
 
 from django import template
 from django.utils import timezone
+from django.utils.html import format_html_join
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
 register = template.Library()
@@ -87,3 +89,11 @@ def ago(when: Any) -> str:
     if (timezone.now() - when).total_seconds() < 60:
         return "just now"
     return f"{timesince(when)} ago"
+
+
+@register.filter
+def lines(messages: Any) -> SafeString:
+    """An input's error messages one per line, each escaped (one message may be a plain str)."""
+    if isinstance(messages, str):
+        messages = [messages]
+    return format_html_join(mark_safe("<br>"), "{}", ((message,) for message in messages or ()))
