@@ -13,8 +13,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .faults import AGENT_FAULTS, Fault
+from .faults import AGENT_FAULTS, MESSAGE_FAULTS, Fault
 from .truth import Execution, Truth
+
+# An agent fault is "quiet" when no control-plane fault falls this close to it (seconds).
+QUIET_BEFORE_S = 15.0
+QUIET_AFTER_S = 30.0
 
 FINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 # FAILED for one of these reasons is expected under chaos and reported apart.
@@ -337,9 +341,14 @@ def recovery_figures(
     workdirs: dict[str, str],
 ) -> dict[str, Any]:
     """For each agent kill or pause: seconds from the fault to the node marked lost, and to
-    each of its running jobs starting again (anywhere)."""
+    each of its running jobs starting again (anywhere). The `quiet_` figures keep only the
+    agent faults with no control-plane fault (a worker, beat, lease worker or web kill, a
+    Redis or PostgreSQL restart) from `QUIET_BEFORE_S` before to `QUIET_AFTER_S` after: what
+    detection and requeue take when the portal itself is up, the case the targets are for."""
     to_lost: list[float] = []
     to_rerun: list[float] = []
+    quiet_lost: list[float] = []
+    quiet_rerun: list[float] = []
     never_lost = 0
     per_fault = []
     by_job = truth.by_job()
@@ -358,10 +367,18 @@ def recovery_figures(
              if c.node == fault.target and t0 <= c.at < until and c.state == "lost"),
             None,
         )  # fmt: skip
+        quiet = not any(
+            f.kind not in AGENT_FAULTS + MESSAGE_FAULTS
+            and f.injected_at is not None
+            and t0 - QUIET_BEFORE_S <= f.injected_at <= t0 + QUIET_AFTER_S
+            for f in faults
+        )
         if lost_at is None:
             never_lost += 1
         else:
             to_lost.append(lost_at - t0)
+            if quiet:
+                quiet_lost.append(lost_at - t0)
         affected = [
             e
             for e in truth.executions
@@ -375,11 +392,14 @@ def recovery_figures(
             if nxt is not None:
                 reruns[e.job_id] = round(nxt.started - t0, 3)
                 to_rerun.append(nxt.started - t0)
+                if quiet:
+                    quiet_rerun.append(nxt.started - t0)
         per_fault.append(
             {
                 "fault": fault.index + 1,
                 "kind": fault.kind,
                 "node": fault.target,
+                "quiet": quiet,
                 "to_lost_s": None if lost_at is None else round(lost_at - t0, 3),
                 "jobs_running": [e.job_id for e in affected],
                 "to_running_again_s": reruns,
@@ -389,16 +409,20 @@ def recovery_figures(
         "fault_to_node_lost_s": _spread(to_lost),
         "node_back_before_marked_lost": never_lost,
         "fault_to_job_running_again_s": _spread(to_rerun),
+        "quiet_fault_to_node_lost_s": _spread(quiet_lost),
+        "quiet_fault_to_job_running_again_s": _spread(quiet_rerun),
         "per_fault": per_fault,
     }
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
     if not values:
-        return {"n": 0, "min": None, "median": None, "max": None}
+        return {"n": 0, "min": None, "median": None, "p90": None, "max": None}
+    ordered = sorted(values)
     return {
         "n": len(values),
-        "min": round(min(values), 2),
-        "median": round(statistics.median(values), 2),
-        "max": round(max(values), 2),
+        "min": round(ordered[0], 2),
+        "median": round(statistics.median(ordered), 2),
+        "p90": round(ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], 2),
+        "max": round(ordered[-1], 2),
     }

@@ -781,18 +781,20 @@ def _print_report(
             say(f"{'':<41}  ... {len(check.details) - 12} more in the results file")
     say("")
     lost, rerun = figures["fault_to_node_lost_s"], figures["fault_to_job_running_again_s"]
-    say("agent kill / pause -> recovery (seconds)      n    min  median    max")
+    say("agent kill / pause -> recovery (seconds)      n    min  median     p90    max")
     for label, spread in (
         ("fault -> node marked lost", lost),
         ("fault -> job running again", rerun),
+        ("  node marked lost, control plane up", figures["quiet_fault_to_node_lost_s"]),
+        ("  running again, control plane up", figures["quiet_fault_to_job_running_again_s"]),
     ):
         if spread["n"]:
             say(
                 f"  {label:<40} {spread['n']:>4} {spread['min']:>6} {spread['median']:>7} "
-                f"{spread['max']:>6}"
+                f"{spread['p90']:>7} {spread['max']:>6}"
             )
         else:
-            say(f"  {label:<40} {0:>4}      -       -      -")
+            say(f"  {label:<40} {0:>4}      -       -       -      -")
     say(
         f"  agent faults where the node was back before it was marked lost: {figures['node_back_before_marked_lost']}"
     )
