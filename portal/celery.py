@@ -10,4 +10,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
 app = Celery("portal")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["portal.scheduling", "portal.agents"])
+app.autodiscover_tasks(["portal.scheduling", "portal.agents", "portal.notify"])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -248,3 +250,51 @@ def _embedded_secret_key(path: Path) -> str:
     finally:
         draft.unlink(missing_ok=True)
     return path.read_text().strip()
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+_HOST_RE = re.compile(
+    r"^\.?(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9])?)*$"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TargetAllowList:
+    """Where the portal may send webhooks (PORTAL_WEBHOOK_ALLOW): any public address when
+    ``public``; addresses in ``networks``; host names in ``hosts`` (``.example.org`` is that
+    domain and every name under it), whatever they resolve to."""
+
+    public: bool = True
+    networks: tuple[Network, ...] = ()
+    hosts: tuple[str, ...] = ()
+
+
+def env_target_allow_list(name: str, default: str = "public") -> TargetAllowList:
+    """Comma-separated ``public``, CIDR networks or addresses, and host names; ``none``: no
+    target at all (webhooks off)."""
+    raw = os.environ.get(name)
+    items = [item.strip().lower() for item in (default if raw is None else raw).split(",")]
+    items = [item for item in items if item]
+    if items == ["none"]:
+        return TargetAllowList(public=False)
+    public = False
+    networks: list[Network] = []
+    hosts: list[str] = []
+    for item in items:
+        if item == "public":
+            public = True
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+            continue
+        except ValueError:
+            pass
+        if not _HOST_RE.match(item):
+            raise ConfigError(
+                f"{name}={raw!r}: {item!r} is neither a network nor a host name; expected "
+                "comma-separated items: public (any public address), CIDR networks or "
+                "addresses such as 10.1.0.0/16, host names such as hooks.example.org (or "
+                ".example.org for a whole domain), or none"
+            )
+        hosts.append(item)
+    return TargetAllowList(public=public, networks=tuple(networks), hosts=tuple(hosts))

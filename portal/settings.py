@@ -24,6 +24,7 @@ from portal.env import (
     env_rate,
     env_secret,
     env_str,
+    env_target_allow_list,
     secret_key_from_env,
     sqlite_database,
 )
@@ -140,6 +141,42 @@ except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None
 
+# Notifications (portal/notify, docs/api.md "Notifications"): e-mail through Django's mail
+# framework, webhooks signed with HMAC-SHA256; the control worker sends both and retries.
+try:
+    # Links in e-mails and webhook bodies point here.
+    PUBLIC_URL = env_str("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").strip().rstrip("/")
+    DEFAULT_FROM_EMAIL = SERVER_EMAIL = env_str(
+        "PORTAL_EMAIL_FROM", "GPU portal <gpu-portal@localhost>"
+    )
+    # With no SMTP server named, e-mails are written to the worker's output (console backend).
+    EMAIL_HOST = env_str("PORTAL_SMTP_HOST", "").strip()
+    EMAIL_BACKEND = (
+        "django.core.mail.backends.smtp.EmailBackend"
+        if EMAIL_HOST
+        else "django.core.mail.backends.console.EmailBackend"
+    )
+    EMAIL_PORT = env_int("PORTAL_SMTP_PORT", 587, minimum=1)
+    EMAIL_HOST_USER = env_str("PORTAL_SMTP_USER", "")
+    EMAIL_HOST_PASSWORD = env_str("PORTAL_SMTP_PASSWORD", "")
+    EMAIL_USE_SSL = env_bool("PORTAL_SMTP_SSL", False)  # TLS from the start (port 465)
+    EMAIL_USE_TLS = env_bool("PORTAL_SMTP_STARTTLS", not EMAIL_USE_SSL)
+    if EMAIL_USE_SSL and EMAIL_USE_TLS:
+        raise ConfigError("PORTAL_SMTP_SSL and PORTAL_SMTP_STARTTLS: turn on one of them, not both")
+    EMAIL_TIMEOUT = env_float("PORTAL_SMTP_TIMEOUT_S", 10.0, minimum=1.0)
+    # Where webhooks may go: any public address by default, never loopback, private or
+    # link-local ones unless named here (networks, hosts; portal/notify/targets.py).
+    WEBHOOK_ALLOW = env_target_allow_list("PORTAL_WEBHOOK_ALLOW")
+    WEBHOOK_TIMEOUT_S = env_float("PORTAL_WEBHOOK_TIMEOUT_S", 5.0, minimum=0.1)
+    # Attempts per delivery; the waits between them double from PORTAL_NOTIFY_RETRY_S.
+    NOTIFY_MAX_ATTEMPTS = env_int("PORTAL_NOTIFY_MAX_ATTEMPTS", 5, minimum=1)
+    NOTIFY_RETRY_S = env_float("PORTAL_NOTIFY_RETRY_S", 10.0, minimum=0.0)
+    # Beat re-sends deliveries whose message was lost (overdue this long) this often.
+    NOTIFY_SWEEP_S = env_float("PORTAL_NOTIFY_SWEEP_S", 60.0, minimum=1.0)
+except ConfigError as error:
+    sys.stderr.write(f"portal: configuration error: {error}\n")
+    raise SystemExit(2) from None
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -158,6 +195,7 @@ INSTALLED_APPS = [
     "portal.jobs",
     "portal.accounting",
     "portal.scheduling",
+    "portal.notify",
     "portal.agents",
     "portal.api",
     "portal.web",
@@ -251,6 +289,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     # No "valid" badge fetched from swagger.io's validator either.
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    # A job's notify and the notification settings' events are the same choices: one enum.
+    "ENUM_NAME_OVERRIDES": {"NotifyEventEnum": "portal.jobs.models.NOTIFY_EVENTS"},
 }
 
 # Celery: the control plane consumes the "control" queue; each agent consumes "node.<name>".
@@ -304,6 +344,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.reap_lost_agents",
         "schedule": REAP_INTERVAL_S,
         "options": {"queue": "control", "expires": REAP_INTERVAL_S},
+    },
+    "notify-sweep": {
+        "task": "portal.notify.sweep",
+        "schedule": NOTIFY_SWEEP_S,
+        "options": {"queue": "control", "expires": NOTIFY_SWEEP_S},
     },
 }
 

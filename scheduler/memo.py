@@ -9,7 +9,7 @@ version of everything, of the job's team and of each of its pools. An answer is 
 while its stamp still matches.
 
 - ``Cache.VERDICTS``: a job that could not start leaves its verdict (reason code and
-  numbers) under its key: its shape (team; member when the team has a member limit; pools;
+  numbers) under its key: its shape (team; member when the team limits members; pools;
   minimum count; class when classes may preempt; multi-node) plus which of the pass's
   reservations it may use (by its time limit). The next job with that key takes the verdict
   at once. Most of a long queue takes this path.

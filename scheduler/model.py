@@ -123,6 +123,10 @@ class RunningJob:
     preempting_since: float | None = None
 
 
+def _empty_limits() -> Mapping[str, float]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Team:
     name: str
@@ -135,6 +139,20 @@ class Team:
     member_limit: float | None = None  # GPU units one member may hold at most
     budget_gpu_hours: float | None = None  # per period; None = no budget
     used_gpu_hours: float = 0.0  # in the current budget period
+    # Members with a limit of their own (user -> GPU units); it only ever tightens
+    # ``member_limit``: a member may hold the smaller of the two (``limit_of``).
+    member_limits: Mapping[str, float] = field(default_factory=_empty_limits)
+
+    def limit_of(self, user: str) -> float | None:
+        """The GPU units ``user`` may hold in this team at most; None = no limit."""
+        own = self.member_limits.get(user)
+        if own is None:
+            return self.member_limit
+        return own if self.member_limit is None else min(own, self.member_limit)
+
+    def limits_members(self) -> bool:
+        """Whether any member of this team has a limit (so each member's verdict differs)."""
+        return self.member_limit is not None or bool(self.member_limits)
 
 
 def _empty_usage() -> Mapping[tuple[str, str], float]:

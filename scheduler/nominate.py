@@ -85,7 +85,7 @@ class Nominator:
             numbers = {"needs": info.minimum, "largest_node": info.largest_node}
             self.parked.append(Left(job, PendingCode.NO_MATCHING_SLICES, numbers))
             return None
-        user = job.user if team.member_limit is not None else ""
+        user = job.user if team.limits_members() else ""
         # The class matters to a verdict only when it may preempt by class; leaving it out
         # otherwise lets jobs of all classes share verdicts (half as many misses).
         by_class = rank if self._by_class else 0

@@ -1,7 +1,8 @@
 """Quota: what each team and member holds during one pass, and the room their limits leave.
 
 Per team: ``guaranteed`` units it always gets back, a ``limit`` it may never pass, a
-``member_limit`` per member and an optional GPU-hour budget. Above its guarantee a team
+``member_limit`` per member (tightened for a member with a limit of their own:
+``Team.limit_of``) and an optional GPU-hour budget. Above its guarantee a team
 borrows; a team below it is *under its guarantee* and may reclaim (see ``scheduler.preempt``).
 
 The ledger counts plain units for the limits and billed units (per-model weights) for fair
@@ -109,12 +110,13 @@ def room(c: Candidate, ledger: Ledger) -> float | Blocked:
         if used + needs > team.limit + EPS:
             return (PendingCode.QUOTA_LIMIT, {"used": used, "limit": team.limit, "needs": needs})
         left = team.limit - used
-    if team.member_limit is not None:
+    member_limit = team.limit_of(job.user)
+    if member_limit is not None:
         used = ledger.user.get((job.team, job.user), 0.0)
-        if used + needs > team.member_limit + EPS:
-            mine: Numbers = {"used": used, "limit": team.member_limit, "needs": needs}
+        if used + needs > member_limit + EPS:
+            mine: Numbers = {"used": used, "limit": member_limit, "needs": needs}
             return (PendingCode.MEMBER_LIMIT, mine)
-        left = min(left, team.member_limit - used)
+        left = min(left, member_limit - used)
     return left
 
 
@@ -124,7 +126,11 @@ def over_limit(c: Candidate, placement: Placement, ledger: Ledger) -> Blocked | 
     units = sum(item.units for _, items in placement for item in items)
     checks = (
         (team.limit, ledger.team.get(job.team, 0.0), PendingCode.QUOTA_LIMIT),
-        (team.member_limit, ledger.user.get((job.team, job.user), 0.0), PendingCode.MEMBER_LIMIT),
+        (
+            team.limit_of(job.user),
+            ledger.user.get((job.team, job.user), 0.0),
+            PendingCode.MEMBER_LIMIT,
+        ),
     )
     for limit, used, code in checks:
         if limit is not None and used + units > limit + EPS:

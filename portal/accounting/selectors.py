@@ -1,4 +1,5 @@
-"""Reads of usage: decayed balances and GPU-hours of the budget period.
+"""Reads of usage: decayed balances, GPU-hours of the budget period, and finished charges
+over a range of days (``portal.jobs.usage`` adds the running holds and draws the series).
 
 What teams hold *now* is read from their jobs' allocations (``portal.jobs.selectors``):
 accounting sits below jobs in the app order, because ending an attempt charges it here.
@@ -6,9 +7,10 @@ accounting sits below jobs in the app order, because ending an attempt charges i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from django.db.models import Sum
+from django.db.models import QuerySet, Sum
 
 from portal.accounting.models import UsageBalance, UsageRecord
 from portal.accounting.usage import balance_at
@@ -37,14 +39,48 @@ def decayed_balances(
     return teams, users
 
 
-def gpu_hours_in_period(*, now: datetime, team_id: int | None = None) -> dict[int, float]:
-    """GPU-unit-hours of finished attempts per team in the current budget period. One query.
-
-    An attempt counts in the period in which it ended (a hold across the first of the month
-    counts wholly in the new month).
-    """
+def _records_in_period(*, now: datetime, team_id: int | None) -> QuerySet[UsageRecord]:
+    """The finished attempts the budget period counts: an attempt counts in the period in
+    which it ended (a hold across the first of the month counts wholly in the new month)."""
     rows = UsageRecord.objects.filter(ended_at__gte=budget_period_start(now))
-    if team_id is not None:
-        rows = rows.filter(team_id=team_id)
+    return rows if team_id is None else rows.filter(team_id=team_id)
+
+
+def gpu_hours_in_period(*, now: datetime, team_id: int | None = None) -> dict[int, float]:
+    """GPU-unit-hours of finished attempts per team in the current budget period. One query."""
+    rows = _records_in_period(now=now, team_id=team_id)
     totals = rows.values("team_id").annotate(total=Sum("unit_seconds"))
     return {row["team_id"]: (row["total"] or 0.0) / 3600.0 for row in totals}
+
+
+def gpu_hours_in_period_by_user(*, now: datetime, team_id: int) -> list[tuple[int, str, float]]:
+    """``gpu_hours_in_period`` of one team by user: (user id, username, GPU-unit-hours). One
+    query."""
+    rows = _records_in_period(now=now, team_id=team_id)
+    totals = rows.values("user_id", "user__username").annotate(total=Sum("unit_seconds"))
+    return [
+        (row["user_id"], row["user__username"], (row["total"] or 0.0) / 3600.0) for row in totals
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """A hold charged to a user: ``units`` billed GPU units over ``[held_from, held_until]``
+    (epoch seconds)."""
+
+    user_id: int
+    username: str
+    units: float
+    held_from: float
+    held_until: float
+
+
+def charges_between(*, team_id: int, start: datetime, end: datetime) -> list[Charge]:
+    """The finished attempts of a team whose hold overlaps ``[start, end)``. One query."""
+    rows = UsageRecord.objects.filter(
+        team_id=team_id, started_at__lt=end, ended_at__gt=start
+    ).values_list("user_id", "user__username", "gpu_units", "started_at", "ended_at")
+    return [
+        Charge(user_id, username, units, started_at.timestamp(), ended_at.timestamp())
+        for user_id, username, units, started_at, ended_at in rows
+    ]

@@ -14,6 +14,8 @@ Runs on beat every PORTAL_REAP_INTERVAL_S:
 3. Stops    - a stop asked for PORTAL_STOP_RESEND_S ago whose job still holds slices is sent
               again.
 4. Nonces   - nonces of applied messages older than twice PORTAL_MESSAGE_MAX_SKEW_S go.
+5. Drains   - a drained node's drain ends once nothing holds its slices; past its deadline,
+              the jobs still holding them are preempted (``portal.agents.drain``).
 
 A node's jobs are requeued only after its lease lapsed (step 1), or on its own word (a
 ``finished`` report saying fenced, lost or unknown). Its agent stopped them itself at
@@ -31,6 +33,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, request_stops, send_launches, send_queries
+from portal.agents.drain import drains_enforce
 from portal.agents.models import Dispatch
 from portal.agents.trust import forget_old_nonces, forget_old_refusals
 from portal.cluster.models import Node
@@ -48,6 +51,7 @@ class ReapResult:
     launches_queried: int = 0
     stops_resent: int = 0
     nonces_forgotten: int = 0
+    drain_stops: int = 0  # jobs preempted because their node's drain deadline passed
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -62,6 +66,7 @@ def reap_lost_agents(*, now: datetime | None = None) -> ReapResult:
     _resend_stops(when, result)
     result.nonces_forgotten = forget_old_nonces(now=when)
     forget_old_refusals(now=when)
+    result.drain_stops = drains_enforce(now=when)
     if any(result.as_dict().values()):
         log.info("reaper: %s", result.as_dict())
     return result

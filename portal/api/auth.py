@@ -16,9 +16,9 @@ from portal.tenants.tokens import token_find, token_touch
 READ, SUBMIT, ADMIN = TOKEN_SCOPES
 # What each scope lets a token do, for the 403 that names the missing one.
 SCOPE_USES = {
-    READ: "reading jobs, logs, teams and tokens",
+    READ: "reading jobs, logs, teams, tokens and the cluster",
     SUBMIT: "submitting, cancelling, holding, releasing and resubmitting jobs",
-    ADMIN: "creating and revoking tokens and changing teams",
+    ADMIN: "creating and revoking tokens, changing teams and cordoning or draining nodes",
 }
 
 HOW_TO = (

@@ -20,6 +20,7 @@ from portal.api.auth import HOW_TO, ScopeDenied
 from portal.api.outage import DATABASE_UNAVAILABLE, database_unavailable, log_outage
 from portal.jobs.services import JobActionError
 from portal.jobs.validation import JobRequestError
+from portal.tenants.members import MemberError
 from portal.tenants.services import QuotaError
 from portal.tenants.tokens import TokenError
 
@@ -33,7 +34,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         )
         log_outage(request=context["request"], response=unavailable, exc=exc)
         return unavailable
-    if isinstance(exc, JobRequestError | QuotaError | TokenError):
+    if isinstance(exc, JobRequestError | QuotaError | MemberError | TokenError):
         return Response({"errors": exc.errors}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, JobActionError):
         return Response({"errors": {"state": str(exc)}}, status=status.HTTP_409_CONFLICT)
@@ -75,10 +76,14 @@ def _not_found(context: dict[str, Any]) -> str:
     kwargs = context.get("kwargs") or {}
     if "job_id" in kwargs:
         return f"no job {kwargs['job_id']} among the jobs of your teams"
+    if "username" in kwargs and "name" in kwargs:
+        return f"no member {kwargs['username']!r} in a team {kwargs['name']!r} of yours"
     if "name" in kwargs:
         return f"no team {kwargs['name']!r} among your teams"
     if "token_id" in kwargs:
         return f"no token {kwargs['token_id']} among your tokens"
+    if "node" in kwargs:
+        return f"no node {kwargs['node']!r}"
     return "not found"
 
 

@@ -14,7 +14,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.jobs.models import GpuKind, Job, JobDependency, JobState
+from portal.jobs.models import NOTIFY_EVENTS, GpuKind, Job, JobDependency, JobState
 from portal.jobs.selectors import job_slices
 from portal.tenants.models import PRIORITY_CLASSES, TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
 
@@ -61,6 +61,13 @@ class JobSubmitSerializer(serializers.Serializer):
     time_limit_s = serializers.IntegerField(min_value=1, required=False)
     preemptible = serializers.BooleanField(required=False, default=True)
     depends_on = DependencySerializer(many=True, required=False)
+    notify = serializers.ListField(
+        child=serializers.ChoiceField(choices=NOTIFY_EVENTS),
+        required=False,
+        allow_null=True,
+        help_text="events of this job I am told about (start, end, fail, preempt), by my "
+        "notification settings' channels; absent or null: my settings' events; []: none",
+    )
 
 
 # --- jobs: output ------------------------------------------------------------------------
@@ -157,6 +164,11 @@ class JobDetailSerializer(JobSummarySerializer):
     stop_requested_at = serializers.DateTimeField(allow_null=True)
     stop_reason = serializers.CharField()
     depends_on = DependencySerializer(source="dependencies.all", many=True)
+    notify = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="the events its owner is told about; null: the owner's settings decide",
+    )
     slices = serializers.SerializerMethodField()
     events = JobEventSerializer(source="events.all", many=True)
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from portal.api import views
+from portal.api import cluster, members, nodes, notifications, usage, views
 
 app_name = "api"
 urlpatterns = [
@@ -13,6 +13,34 @@ urlpatterns = [
     path("jobs/<int:job_id>/resubmit/", views.JobResubmitView.as_view(), name="job_resubmit"),
     path("teams/", views.TeamListView.as_view(), name="team_list"),
     path("teams/<str:name>/", views.TeamDetailView.as_view(), name="team_detail"),
+    path(
+        "teams/<str:name>/members/",
+        members.TeamMemberListView.as_view(),
+        name="team_member_list",
+    ),
+    path(
+        "teams/<str:name>/members/<str:username>/",
+        members.TeamMemberDetailView.as_view(),
+        name="team_member_detail",
+    ),
+    path("teams/<str:name>/audit/", members.TeamAuditView.as_view(), name="team_audit"),
+    path("teams/<str:name>/usage/", usage.TeamUsageView.as_view(), name="team_usage"),
+    path("cluster/", cluster.ClusterView.as_view(), name="cluster"),
+    path(
+        "teams/<str:name>/webhook/",
+        notifications.TeamWebhookView.as_view(),
+        name="team_webhook",
+    ),
+    path(
+        "me/notifications/",
+        notifications.MyNotificationsView.as_view(),
+        name="my_notifications",
+    ),
     path("tokens/", views.TokenListView.as_view(), name="token_list"),
     path("tokens/<int:token_id>/", views.TokenDetailView.as_view(), name="token_detail"),
+    path("nodes/", nodes.NodeListView.as_view(), name="node_list"),
+    path("nodes/<str:node>/", nodes.NodeDetailView.as_view(), name="node_detail"),
+    path("nodes/<str:node>/cordon/", nodes.NodeCordonView.as_view(), name="node_cordon"),
+    path("nodes/<str:node>/uncordon/", nodes.NodeUncordonView.as_view(), name="node_uncordon"),
+    path("nodes/<str:node>/drain/", nodes.NodeDrainView.as_view(), name="node_drain"),
 ]

@@ -102,7 +102,13 @@ class JobListView(PortalAPIView, GenericAPIView):
     def get_queryset(self) -> Any:
         state = _states_param(self.request)
         team = _team_param(self.request)
-        return job_list_for_user(user=self.request.user, state=state, team=team)
+        return job_list_for_user(
+            user=self.request.user,
+            state=state,
+            team=team,
+            mine=_mine_param(self.request),
+            name_contains=self.request.query_params.get("q", "").strip(),
+        )
 
     @extend_schema(
         summary="List the jobs of my teams",
@@ -113,6 +119,12 @@ class JobListView(PortalAPIView, GenericAPIView):
                 description="only jobs in these states, comma-separated, e.g. PENDING,RUNNING",
             ),
             OpenApiParameter("team", OpenApiTypes.STR, description="only jobs of this team"),
+            OpenApiParameter(
+                "mine", OpenApiTypes.BOOL, description="true: only the jobs I submitted"
+            ),
+            OpenApiParameter(
+                "q", OpenApiTypes.STR, description="only jobs whose name contains this, in any case"
+            ),
         ],
         responses={200: JobSummarySerializer(many=True), **ERRORS},
     )
@@ -428,6 +440,13 @@ def _team_param(request: Request) -> str | None:
             {"team": f"{name!r} is not one of your teams; allowed: {', '.join(visible) or 'none'}"}
         )
     return name
+
+
+def _mine_param(request: Request) -> bool:
+    raw = request.query_params.get("mine", "").strip().lower()
+    if raw not in ("", "true", "false", "1", "0"):
+        raise ValidationError({"mine": f"{raw!r} is not allowed; allowed: true, false"})
+    return raw in ("true", "1")
 
 
 def _offset_param(request: Request) -> int | None:

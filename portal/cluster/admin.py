@@ -1,17 +1,17 @@
 """Nodes, GPUs and slices as the agents registered them.
 
-Inventory comes from the agents, so these pages are for looking; the one operator action is
-draining a node (guarded, like every state change).
+Inventory comes from the agents, so these pages are for looking. Cordoning and draining a
+node are on the Nodes page (/nodes/) and the API (/api/v1/nodes/), which record who did what
+(``portal.agents.drain``); a node's events are shown here.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 
-from portal.cluster.models import Gpu, Node, Slice
-from portal.passes import schedule_pass_on_commit
+from portal.cluster.models import Gpu, Node, NodeEvent, Slice
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -34,6 +34,17 @@ class GpuInline(admin.TabularInline):
         return False
 
 
+class NodeEventInline(admin.TabularInline):
+    model = NodeEvent
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ["at", "kind", "by", "message"]
+    ordering = ["-at", "-id"]
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "hostname", "state", "driver", "agent_version", "last_heartbeat_at"]
@@ -47,24 +58,14 @@ class NodeAdmin(admin.ModelAdmin):
         "agent_version",
         "last_heartbeat_at",
         "registered_at",
+        "cordoned_at",
+        "cordoned_by",
+        "drain_deadline_at",
     ]
-    inlines = [GpuInline]
-    actions = ["drain", "undrain"]
+    inlines = [GpuInline, NodeEventInline]
 
     def has_add_permission(self, request: Any) -> bool:
         return False  # agents register their nodes
-
-    @admin.action(description="Drain: schedule nothing new on the selected nodes")
-    def drain(self, request: Any, queryset: Any) -> None:
-        changed = queryset.filter(state=Node.State.READY).update(state=Node.State.DRAINED)
-        self.message_user(request, f"{changed} node(s) drained", messages.SUCCESS)
-
-    @admin.action(description="Undrain: schedule on the selected drained nodes again")
-    def undrain(self, request: Any, queryset: Any) -> None:
-        changed = queryset.filter(state=Node.State.DRAINED).update(state=Node.State.READY)
-        if changed:
-            schedule_pass_on_commit()
-        self.message_user(request, f"{changed} node(s) back in scheduling", messages.SUCCESS)
 
 
 @admin.register(Gpu)
@@ -81,3 +82,11 @@ class SliceAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "profile", "present"]
     search_fields = ["key", "mig_uuid", "gpu__uuid", "gpu__node__name"]
     list_select_related = ["gpu__node"]
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(ReadOnlyAdmin):
+    list_display = ["at", "node", "kind", "by", "message"]
+    list_filter = ["kind", "node"]
+    search_fields = ["node__name", "by", "message"]
+    list_select_related = ["node"]

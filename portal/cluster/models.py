@@ -9,11 +9,21 @@ class Node(models.Model):
     class State(models.TextChoices):
         READY = "ready"
         LOST = "lost"  # missed heartbeats beyond the lease
-        DRAINED = "drained"  # an operator took it out of scheduling
+        # An operator took it out of scheduling (cordoned): its jobs run on, no new job is
+        # placed on it. Drained in the strict sense once nothing holds its slices.
+        DRAINED = "drained"
 
     name = models.CharField(max_length=128, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
+    # Who cordoned it and when (state DRAINED), for the Nodes page; the history is NodeEvent.
+    cordoned_at = models.DateTimeField(null=True, blank=True)
+    cordoned_by = models.CharField(max_length=150, blank=True)
+    drain_deadline_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="a drain in progress: jobs still holding its slices then are preempted",
+    )
     driver = models.CharField(max_length=16, blank=True, help_text="nvml or described")
     agent_version = models.CharField(max_length=32, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -24,6 +34,32 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class NodeEvent(models.Model):
+    """One operator action on a node, or what came of it (cordon, drain, drained...): who,
+    when, what. ``by`` is a username; empty when the portal itself acted (a drain deadline)."""
+
+    class Kind(models.TextChoices):
+        CORDON = "cordon"
+        UNCORDON = "uncordon"
+        DRAIN = "drain"
+        DRAIN_CALLED_OFF = "drain_called_off"
+        PREEMPT = "preempt"  # a drain's deadline passed: its jobs were asked to stop
+        DRAINED = "drained"  # a drain ended: nothing holds the node's slices
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField()
+    kind = models.CharField(max_length=24, choices=Kind.choices)
+    by = models.CharField(max_length=150, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["node", "at"], name="cluster_nodeevent_node_at")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}: {self.kind}"
 
 
 class Gpu(models.Model):

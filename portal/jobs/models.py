@@ -26,6 +26,9 @@ TERMINAL_STATES = frozenset(
 )
 # States in which a job holds slices.
 HOLDING_STATES = frozenset({JobState.ASSIGNED, JobState.RUNNING})
+# What a job's owner may be told about (Job.notify; portal.notify maps states to them): start
+# = RUNNING; end = any end state; fail = FAILED or TIMED_OUT; preempt = PREEMPTED.
+NOTIFY_EVENTS = ("end", "fail", "preempt", "start")
 
 
 class GpuKind(models.TextChoices):
@@ -55,6 +58,9 @@ class Job(models.Model):
     priority = models.CharField(max_length=16, choices=PRIORITY_CHOICES, default="normal")
     time_limit_s = models.PositiveIntegerField(null=True, blank=True)
     preemptible = models.BooleanField(default=True)
+    # The events (start, end, fail, preempt) the owner is told about for this job; null: the
+    # owner's own notification settings (portal.notify).
+    notify = models.JSONField(null=True, blank=True, default=None)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     attempt = models.PositiveIntegerField(default=0, help_text="0 until first assigned")

@@ -33,8 +33,12 @@ def job_list_for_user(
     user: Any,
     state: str | Iterable[str] | None = None,
     team: Team | str | None = None,
+    mine: bool = False,
+    name_contains: str = "",
 ) -> QuerySet[Job]:
-    """Jobs of the teams ``user`` may see, newest first, optionally of some states or one team.
+    """Jobs of the teams ``user`` may see, newest first, optionally of some states or one team,
+    only ``user``'s own (``mine``), or only those whose name contains ``name_contains`` (in any
+    case).
 
     Team, user and node come in the same query, so a list page costs one query, not one per row.
     """
@@ -45,6 +49,10 @@ def job_list_for_user(
         jobs = jobs.filter(state=state) if isinstance(state, str) else jobs.filter(state__in=state)
     if team is not None:
         jobs = jobs.filter(team=team) if isinstance(team, Team) else jobs.filter(team__name=team)
+    if mine:
+        jobs = jobs.filter(user=user)
+    if name_contains:
+        jobs = jobs.filter(name__icontains=name_contains)
     return jobs
 
 

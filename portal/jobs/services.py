@@ -10,6 +10,7 @@ slices.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -39,6 +40,10 @@ _CLEARED_EXPLANATION = {
 }
 
 
+# The states job_cancel acts on (PREEMPTED and LOST are about to be requeued: cancel after).
+CANCELLABLE_STATES = frozenset({JobState.PENDING, JobState.HELD, *HOLDING_STATES})
+
+
 class JobActionError(Exception):
     """An action the job's state does not allow (cancelling a finished job, ...)."""
 
@@ -64,6 +69,7 @@ def job_submit(*, user: Any, request: JobRequest) -> Job:
             priority=request.priority,
             time_limit_s=request.time_limit_s,
             preemptible=request.preemptible,
+            notify=None if request.notify is None else list(request.notify),
             state=JobState.PENDING,
             attempt=0,
             submitted_at=now,
@@ -80,17 +86,73 @@ def job_submit(*, user: Any, request: JobRequest) -> Job:
     return job
 
 
-def can_act_on_job(*, user: Any, job: Job) -> bool:
-    """Who may cancel, hold or release a job: its owner, an admin of its team, a site admin."""
+@dataclass(frozen=True)
+class JobActor:
+    """What one user may do to jobs, read once (one query) for a whole page of them.
+
+    The rule: a job's owner while a member of its team, an admin of its team, a site admin.
+    """
+
+    user_id: int | None
+    site_admin: bool = False
+    member_of: frozenset[int] = frozenset()  # team ids
+    admin_of: frozenset[int] = frozenset()
+
+    def may_act(self, job: Job) -> bool:
+        if self.site_admin:
+            return True
+        if self.user_id is not None and job.user_id == self.user_id:
+            return job.team_id in self.member_of
+        return job.team_id in self.admin_of
+
+
+def job_actor(*, user: Any) -> JobActor:
     if is_site_admin(user):
-        return True
+        return JobActor(user_id=user.pk, site_admin=True)
     if not getattr(user, "is_authenticated", False):
-        return False
-    if job.user_id == user.pk:
-        return Membership.objects.filter(team_id=job.team_id, user=user).exists()
-    return Membership.objects.filter(
-        team_id=job.team_id, user=user, role=Membership.Role.ADMIN
-    ).exists()
+        return JobActor(user_id=None)
+    roles = list(Membership.objects.filter(user=user).values_list("team_id", "role"))
+    return JobActor(
+        user_id=user.pk,
+        member_of=frozenset(team for team, _ in roles),
+        admin_of=frozenset(team for team, role in roles if role == Membership.Role.ADMIN),
+    )
+
+
+def can_act_on_job(*, user: Any, job: Job) -> bool:
+    """Who may cancel, hold, release or resubmit a job (see ``JobActor``)."""
+    return job_actor(user=user).may_act(job)
+
+
+@dataclass(frozen=True)
+class JobActions:
+    """The actions the services below would accept now, for one job and one user: a page
+    shows a button only for these."""
+
+    cancel: bool = False
+    hold: bool = False
+    release: bool = False
+    resubmit: bool = False
+
+    def __bool__(self) -> bool:
+        return self.cancel or self.hold or self.release or self.resubmit
+
+
+def job_actions_for(*, job: Job, actor: JobActor) -> JobActions:
+    if not actor.may_act(job):
+        return JobActions()
+    # A cancel already asked of a running job is not offered again.
+    cancel_asked = (
+        job.state in HOLDING_STATES
+        and job.stop_requested_at is not None
+        and job.stop_reason == "cancel"
+    )
+    return JobActions(
+        cancel=job.state in CANCELLABLE_STATES and not cancel_asked,
+        hold=job.state == JobState.PENDING,
+        release=job.state == JobState.HELD,
+        resubmit=job.state in TERMINAL_STATES,
+    )
 
 
 def job_cancel(*, job: Job, user: Any) -> Job:
@@ -188,11 +250,12 @@ def job_release(*, job: Job, user: Any) -> Job:
     return job
 
 
-def job_resubmit(*, job: Job, user: Any) -> Job:
+def job_resubmit(*, job: Job, user: Any, request: JobRequest | None = None) -> Job:
     """Submit a new job with the request of ``job``, which ended, as ``user``.
 
     The request is checked again like any submit (the team's limits or the user's teams may
-    have changed since); both jobs get an event naming the other.
+    have changed since); both jobs get an event naming the other. ``request`` is that request
+    as the person edited it (the submit form, filled from ``job``); it was validated already.
     """
     _check_may_act(job=job, user=user, verb="resubmit")
     state = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
@@ -201,7 +264,8 @@ def job_resubmit(*, job: Job, user: Any) -> Job:
         raise JobActionError(
             f"job {job.pk} is {state}; only an ended job ({ended}) can be resubmitted"
         )
-    request = validate_job_request(_request_of(job), user=user)
+    if request is None:
+        request = validate_job_request(job_request_of(job), user=user)
     with transaction.atomic():
         new = job_submit(user=user, request=request)
         who = user.get_username()
@@ -210,8 +274,8 @@ def job_resubmit(*, job: Job, user: Any) -> Job:
     return new
 
 
-def _request_of(job: Job) -> dict[str, Any]:
-    """A stored job's request, in the shape a submit sends."""
+def job_request_of(job: Job) -> dict[str, Any]:
+    """A stored job's request, in the shape a submit sends (the API's JSON)."""
     gpu: dict[str, Any] = {"kind": job.gpu_kind, "count": job.gpu_count}
     if job.gpu_min_count:
         gpu["min_count"] = job.gpu_min_count
@@ -235,6 +299,7 @@ def _request_of(job: Job) -> dict[str, Any]:
             {"job": dependency.depends_on_id, "kind": dependency.kind}
             for dependency in job.dependencies.all()
         ],
+        "notify": job.notify,
     }
 
 

@@ -4,22 +4,64 @@ Every change is a guarded conditional UPDATE (``... WHERE id = %s AND state = %s
 = %s]``): when zero rows match, someone else got there first and the caller is told so,
 instead of overwriting their change. Every change that happens is written as a JobEvent in
 the same transaction.
+
+After that transaction commits, ``job_state_changed`` is sent with the changes it made, so
+apps above this one (notifications) can follow jobs without jobs importing them. A receiver
+runs outside the transition: its errors are logged, never felt by the job.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from portal.bulk import insert_rows, update_rows
 from portal.jobs.models import Job, JobEvent, JobState
 
 S = JobState
+log = logging.getLogger("portal.jobs")
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """One committed change of a job's state, as ``job_state_changed`` tells it."""
+
+    job_id: int
+    from_state: str
+    to_state: str
+    attempt: int
+    at: datetime
+    message: str
+
+
+# Sent (sender=Job, changes=tuple[StateChange, ...]) once the transaction that made the
+# changes has committed; never for a change that was rolled back.
+job_state_changed = Signal()
+
+
+def _announce_on_commit(changes: Sequence[StateChange]) -> None:
+    if changes and job_state_changed.has_listeners(Job):
+        announced = tuple(changes)
+        transaction.on_commit(lambda: _announce(announced), robust=True)
+
+
+def _announce(changes: tuple[StateChange, ...]) -> None:
+    for receiver, result in job_state_changed.send_robust(sender=Job, changes=changes):
+        if isinstance(result, Exception):
+            log.error(
+                "a receiver of job state changes failed (%s); the jobs are not affected: %r",
+                getattr(receiver, "__qualname__", receiver),
+                result,
+                exc_info=result,
+            )
+
 
 # Which state may follow which. Anything else is a programming error, refused loudly.
 ALLOWED_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -93,6 +135,7 @@ def transition(
                     attempt=event_attempt,
                     message=message,
                 )
+                _announce_on_commit([StateChange(job_id, source, to, event_attempt, when, message)])
                 return source
     return None
 
@@ -128,6 +171,9 @@ def transition_many(
         JobEvent,
         ("job", "at", "from_state", "to_state", "attempt", "message"),
         [(m.job_id, at, from_state, to, m.attempt, m.message) for m in moves],
+    )
+    _announce_on_commit(
+        [StateChange(m.job_id, from_state, to, m.attempt, at, m.message) for m in moves]
     )
     return True
 

@@ -16,7 +16,8 @@ The shape (see docs/api.md)::
      "gpu": {"kind": "mig", "profile": "1g.10gb", "count": 1,
              "min_count": 1, "model": "", "multi_node": false},
      "priority": "normal", "time_limit_s": 3600, "preemptible": true,
-     "depends_on": [{"job": 12, "kind": "after_ok"}]}    # or "12, 13:after_any"
+     "depends_on": [{"job": 12, "kind": "after_ok"}],    # or "12, 13:after_any"
+     "notify": ["end", "fail"]}                           # or "end, fail"; default: my settings
 
 Forms send text, so numbers may also come as digit strings, booleans as "true"/"false"/
 "on"/"off"/"1"/"0", and an empty string means "not given" for the optional fields.
@@ -36,8 +37,8 @@ from django.db.models import Min
 
 from portal.cluster.models import Slice
 from portal.jobs.cluster_fit import fit_cluster
-from portal.jobs.models import TERMINAL_STATES, Job, JobDependency, JobState
-from portal.tenants.models import PRIORITY_CLASSES, Team
+from portal.jobs.models import NOTIFY_EVENTS, TERMINAL_STATES, Job, JobDependency, JobState
+from portal.tenants.models import PRIORITY_CLASSES, Membership, Team
 from portal.tenants.selectors import member_teams, teams_for_user
 from scheduler.model import GpuRequest, SliceKind
 from scheduler.units import MIG_PROFILES, parse_mig_profile
@@ -76,6 +77,8 @@ class JobRequest:
     time_limit_s: int | None = None
     preemptible: bool = True
     depends_on: tuple[DependencySpec, ...] = ()
+    # The events the owner is told about for this job; None: the owner's own settings.
+    notify: tuple[str, ...] | None = None
     # Said on the job's "submitted" event (e.g. that the cluster had no GPU to check it against).
     notes: tuple[str, ...] = ()
 
@@ -91,6 +94,7 @@ FIELDS = (
     "time_limit_s",
     "preemptible",
     "depends_on",
+    "notify",
 )
 GPU_FIELDS = ("kind", "count", "min_count", "profile", "model", "multi_node")
 GPU_KINDS = tuple(kind.value for kind in SliceKind)
@@ -146,11 +150,12 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
     time_limit_s = _time_limit(data.get("time_limit_s"), errors)
     preemptible = _boolean(data.get("preemptible"), "preemptible", True, errors)
     depends_on = _depends_on(data.get("depends_on"), user, errors)
+    notify = _notify(data.get("notify"), errors)
     notes: tuple[str, ...] = ()
     if gpu is not None:
         gpu, notes = fit_cluster(gpu, errors)
     if team is not None and gpu is not None:
-        _check_limits(gpu, team, errors)
+        _check_limits(gpu, team, user, errors)
 
     if errors:
         raise JobRequestError(errors)
@@ -166,6 +171,7 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
         time_limit_s=time_limit_s,
         preemptible=preemptible,
         depends_on=depends_on,
+        notify=notify,
         notes=notes,
     )
 
@@ -479,6 +485,24 @@ def _depends_on(value: Any, user: Any, errors: dict[str, str]) -> tuple[Dependen
     return tuple(DependencySpec(job_id=job_id, kind=kind) for job_id, kind in wanted.items())
 
 
+def _notify(value: Any, errors: dict[str, str]) -> tuple[str, ...] | None:
+    """A list of event names (a form sends them comma-separated); absent or null: the owner's
+    settings decide; an empty list: nothing about this job."""
+    allowed = f"a list of {', '.join(NOTIFY_EVENTS)} (or [] for none)"
+    if _blank(value):
+        return None
+    if isinstance(value, str):
+        value = [part for part in re.split(r"[,\s]+", value.strip()) if part]
+    if not isinstance(value, Sequence):
+        errors["notify"] = f"must be a list; allowed: {allowed}"
+        return None
+    unknown = [repr(item) for item in value if item not in NOTIFY_EVENTS]
+    if unknown:
+        errors["notify"] = f"unknown event {', '.join(unknown)}; allowed: {allowed}"
+        return None
+    return tuple(event for event in NOTIFY_EVENTS if event in value)
+
+
 def _dependencies_from_text(text: str) -> list[Any]:
     """``"12, 13:after_any"`` as a form's text field sends it."""
     items: list[Any] = []
@@ -492,7 +516,7 @@ def _dependencies_from_text(text: str) -> list[Any]:
 # --- cross-field checks ----------------------------------------------------------------
 
 
-def _check_limits(gpu: GpuRequest, team: Team, errors: dict[str, str]) -> None:
+def _check_limits(gpu: GpuRequest, team: Team, user: Any, errors: dict[str, str]) -> None:
     """Refuse a request that could never run: more GPU units than the team may ever hold.
 
     An elastic gang is measured by its minimum, since it can run with that many. For MPS the
@@ -503,9 +527,16 @@ def _check_limits(gpu: GpuRequest, team: Team, errors: dict[str, str]) -> None:
     if each is None:
         return
     needed = each * gpu.minimum
+    # A member's own limit (set by a team admin) tightens the team's per-member limit.
+    own_limit = (
+        Membership.objects.filter(team=team, user_id=getattr(user, "pk", None))
+        .values_list("limit_units", flat=True)
+        .first()
+    )
     for limit, whose in (
         (team.limit_units, f"team {team.name}'s limit"),
         (team.member_limit_units, f"team {team.name}'s per-member limit"),
+        (own_limit, f"your own limit in team {team.name}"),
     ):
         if limit is not None and needed > limit + 1e-9:
             most = math.floor(limit / each + 1e-9)

@@ -58,3 +58,14 @@ def try_advisory_lock() -> bool:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])
         (got,) = cursor.fetchone()
     return bool(got)
+
+
+def wait_for_running_pass() -> None:
+    """Inside a transaction: wait until a pass that is running commits, and keep passes out
+    until this transaction ends, so a change a pass must see whole (a node cordoned) never
+    lands between a pass's snapshot and its writes. PostgreSQL: the pass's advisory lock,
+    waited for; SQLite: the transaction's write lock (IMMEDIATE) already does this."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ADVISORY_LOCK_KEY])

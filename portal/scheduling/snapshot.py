@@ -30,7 +30,7 @@ from portal.accounting.usage import hold_charge
 from portal.cluster.core import core_slice
 from portal.cluster.models import Node, Slice
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobDependency, JobState
-from portal.tenants.models import Team
+from portal.tenants.models import Membership, Team
 from scheduler.config import SchedulerConfig
 from scheduler.model import (
     Dependency,
@@ -160,6 +160,12 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
         )
     )
     team_names = {pk: name for pk, name, *_ in team_rows}
+    # Members with a limit of their own (set by a team admin; portal/tenants/members.py).
+    member_limits: dict[int, dict[str, float]] = defaultdict(dict)
+    for team_id, username, own_limit in Membership.objects.filter(
+        limit_units__isnull=False
+    ).values_list("team_id", "user__username", "limit_units"):
+        member_limits[team_id][username] = own_limit
     team_usage, user_usage_by_id = decayed_balances(now=now, half_life_s=config.usage_half_life_s)
     period_hours = gpu_hours_in_period(now=now)
 
@@ -234,6 +240,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
             max_priority=max_priority,
             usage=team_usage.get(pk, 0.0),
             member_limit=member_limit,
+            member_limits=member_limits.get(pk, {}),
             budget_gpu_hours=budget,
             used_gpu_hours=period_hours.get(pk, 0.0) + period_hours_running.get(pk, 0.0),
         )

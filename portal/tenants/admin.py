@@ -4,7 +4,7 @@ from typing import Any
 
 from django.contrib import admin
 
-from portal.tenants.models import AccessCounter, ApiToken, Membership, Team
+from portal.tenants.models import AccessCounter, ApiToken, Membership, Team, TeamAuditEntry
 
 
 class MembershipInline(admin.TabularInline):
@@ -35,11 +35,40 @@ class TeamAdmin(admin.ModelAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(admin.ModelAdmin):
-    list_display = ["team", "user", "role", "created_at"]
+    list_display = ["team", "user", "role", "limit_units", "created_at"]
     list_filter = ["role", "team"]
     search_fields = ["team__name", "user__username"]
     autocomplete_fields = ["user", "team"]
     list_select_related = ["team", "user"]
+
+
+@admin.register(TeamAuditEntry)
+class TeamAuditEntryAdmin(admin.ModelAdmin):
+    """The teams' audit logs, read-only: the services write them (portal/tenants/audit.py)."""
+
+    list_display = [
+        "at",
+        "team",
+        "actor_name",
+        "action",
+        "subject",
+        "field",
+        "old_value",
+        "new_value",
+    ]
+    list_filter = ["action", "team"]
+    search_fields = ["team__name", "actor_name", "subject"]
+    list_select_related = ["team"]
+    readonly_fields = list_display
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(ApiToken)

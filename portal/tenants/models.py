@@ -132,6 +132,15 @@ class Membership(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    # This member's own limit, set by a team admin: GPU units they may hold at most. It can
+    # only tighten the team's per-member limit (``Team.member_limit_units``, a site admin's);
+    # the scheduler applies the smaller of the two (docs/scheduling.md, "Quotas").
+    limit_units = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0)],
+        help_text="empty = the team's per-member limit",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -142,6 +151,41 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.team} ({self.role})"
+
+
+class TeamAuditEntry(models.Model):
+    """One change to a team's members or quota: who made it, when, and the value before and
+    after (as text, "" for none). Written by the services that make the change, in the same
+    transaction (portal/tenants/audit.py); never edited."""
+
+    class Action(models.TextChoices):
+        MEMBER_ADDED = "member_added", "member added"
+        MEMBER_REMOVED = "member_removed", "member removed"
+        ROLE_CHANGED = "role_changed", "role changed"
+        LIMIT_CHANGED = "limit_changed", "member limit changed"
+        QUOTA_CHANGED = "quota_changed", "quota changed"
+
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="audit_entries")
+    # The name is kept as text too, so the log still says who when an account is deleted.
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=32, choices=Action.choices)
+    subject = models.CharField(max_length=150, blank=True, help_text="the member, if any")
+    field = models.CharField(max_length=64, blank=True)
+    old_value = models.CharField(max_length=64, blank=True)
+    new_value = models.CharField(max_length=64, blank=True)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at", "-id"]
+        indexes = [models.Index(fields=["team", "-at", "-id"], name="team_audit_latest")]
+        verbose_name = "team audit entry"
+        verbose_name_plural = "team audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.team} {self.action} {self.subject or self.field} by {self.actor_name}"
 
 
 class ApiToken(models.Model):

@@ -1,4 +1,5 @@
-"""Writes about teams: quota changes, made by site admins only."""
+"""Writes about teams: quota changes, made by site admins only (changes to members:
+``portal.tenants.members``). Every change is written to the team's audit log."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.utils import timezone
 
 from portal.passes import schedule_pass_on_commit
-from portal.tenants.models import PRIORITY_CLASSES, Team
+from portal.tenants.audit import audit_write
+from portal.tenants.models import PRIORITY_CLASSES, Team, TeamAuditEntry
 from portal.tenants.selectors import is_site_admin
 
 log = logging.getLogger("portal.tenants")
@@ -72,7 +75,7 @@ def quota_update(
             else:
                 cleaned[name] = value
             continue
-        number, problem = _non_negative_number(value, optional=name in _OPTIONAL_NUMBERS)
+        number, problem = non_negative_number(value, optional=name in _OPTIONAL_NUMBERS)
         if problem:
             errors[name] = problem
         else:
@@ -90,7 +93,21 @@ def quota_update(
     if not cleaned:
         return team
     with transaction.atomic():
+        # The values before, read under the row's lock, for the audit log's "old -> new".
+        before = Team.objects.select_for_update().filter(pk=team.pk).values(*cleaned).get()
         Team.objects.filter(pk=team.pk).update(**cleaned)
+        now = timezone.now()
+        for name, value in cleaned.items():
+            if before[name] != value:
+                audit_write(
+                    team=team,
+                    by=by,
+                    action=TeamAuditEntry.Action.QUOTA_CHANGED,
+                    at=now,
+                    field=name,
+                    old=before[name],
+                    new=value,
+                )
         # The scheduler reads quotas on every pass; ask for one so the change shows at once.
         schedule_pass_on_commit()
     log.info("quota of team %s changed by %s: %s", team.name, by, cleaned)
@@ -102,8 +119,13 @@ def quota_update(
 QUOTA_MAX = 1_000_000
 
 
-def _non_negative_number(value: Any, *, optional: bool) -> tuple[float | None, str]:
-    allowed = f"a number from 0 to {QUOTA_MAX}" + (", or null for no limit" if optional else "")
+def non_negative_number(
+    value: Any, *, optional: bool, maximum: float = QUOTA_MAX, null_means: str = "no limit"
+) -> tuple[float | None, str]:
+    """``value`` as a number from 0 to ``maximum`` (None for null/"" when ``optional``), or
+    the problem with it, naming what is allowed."""
+    top = f"{maximum:g}" if maximum != int(maximum) else str(int(maximum))
+    allowed = f"a number from 0 to {top}" + (f", or null for {null_means}" if optional else "")
     if value is None or value == "":
         if optional:
             return None, ""
@@ -118,7 +140,7 @@ def _non_negative_number(value: Any, *, optional: bool) -> tuple[float | None, s
         return None, f"{shown} is out of range; allowed: {allowed}"
     except (TypeError, ValueError):
         return None, f"{shown} is not a number; allowed: {allowed}"
-    if not math.isfinite(number) or not 0 <= number <= QUOTA_MAX:
+    if not math.isfinite(number) or not 0 <= number <= maximum:
         return None, f"{shown} is out of range; allowed: {allowed}"
     return number, ""
 

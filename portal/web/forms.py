@@ -15,6 +15,8 @@ from typing import Any
 
 from django.http import QueryDict
 
+from portal.web.templatetags.portal_web import shell_join
+
 # Submit form: input name -> default shown on an empty form.
 JOB_FORM_DEFAULTS: dict[str, str] = {
     "name": "",
@@ -30,6 +32,9 @@ JOB_FORM_DEFAULTS: dict[str, str] = {
     "time_limit_s": "",
     "preemptible": "on",
     "depends_on": "",
+    # Parts of a GPU request only the API sets; a resubmit on the form keeps them (hidden).
+    "gpu_min_count": "",
+    "gpu_multi_node": "",
 }
 _GPU_INPUTS = {
     "gpu_kind": "kind",
@@ -55,7 +60,14 @@ JOB_FORM_LABELS: dict[str, str] = {
     "preemptible": "Preemptible",
 }
 
-QUOTA_FIELDS = ("weight", "guaranteed_units", "limit_units", "max_priority")
+QUOTA_FIELDS = (
+    "weight",
+    "guaranteed_units",
+    "limit_units",
+    "max_priority",
+    "member_limit_units",
+    "budget_gpu_hours",
+)
 
 
 def job_form_values(post: QueryDict | None) -> dict[str, str]:
@@ -81,8 +93,44 @@ def job_request_data(values: Mapping[str, str]) -> dict[str, Any]:
         gpu["profile"] = values["gpu_profile"]
     if kind == "whole":
         gpu["model"] = values["gpu_model"]
+    if values.get("gpu_min_count"):
+        gpu["min_count"] = values["gpu_min_count"]
+    if values.get("gpu_multi_node"):
+        gpu["multi_node"] = values["gpu_multi_node"]
     data["gpu"] = gpu
     return data
+
+
+def job_form_values_of(request: Mapping[str, Any]) -> dict[str, str]:
+    """The submit form's inputs filled with a stored job's request (``job_request_of``), so
+    a person can resubmit it after changing what they like. The reverse of
+    ``job_request_data``: the command as a line a shell splits back the same way, the
+    environment as ``KEY=VALUE`` lines sorted by name (PostgreSQL's jsonb keeps no order of
+    its own), the dependencies as ``12, 13:after_any``."""
+    gpu = request["gpu"]
+    values = dict(JOB_FORM_DEFAULTS)
+    values.update(
+        name=request["name"],
+        team=request["team"],
+        image=request["image"],
+        command=shell_join(request["command"]),
+        env="\n".join(f"{key}={value}" for key, value in sorted(request["env"].items())),
+        gpu_kind=gpu["kind"],
+        gpu_count=str(gpu["count"]),
+        gpu_model=gpu.get("model", ""),
+        gpu_min_count=str(gpu.get("min_count", "")),
+        gpu_multi_node="true" if gpu.get("multi_node") else "",
+        priority=request["priority"],
+        time_limit_s=str(request["time_limit_s"] or ""),
+        preemptible="on" if request["preemptible"] else "off",
+        depends_on=", ".join(
+            f"{d['job']}" if d["kind"] == "after_ok" else f"{d['job']}:{d['kind']}"
+            for d in request["depends_on"]
+        ),
+    )
+    if gpu.get("profile"):
+        values["gpu_profile"] = gpu["profile"]
+    return values
 
 
 @dataclass(frozen=True)

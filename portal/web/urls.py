@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.web import views
+from portal.web import cluster, job_actions, members, nodes, notifications, usage, views
 from portal.web.login import ThrottledLoginView
 
 app_name = "web"
@@ -11,10 +11,40 @@ urlpatterns = [
     path("", views.job_list, name="job_list"),
     path("jobs/new/", views.job_submit_view, name="job_submit"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
-    path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
+    path("jobs/<int:job_id>/cancel/", job_actions.job_cancel_view, name="job_cancel"),
+    path("jobs/<int:job_id>/hold/", job_actions.job_hold_view, name="job_hold"),
+    path("jobs/<int:job_id>/release/", job_actions.job_release_view, name="job_release"),
     path("teams/", views.team_list, name="team_list"),
     path("teams/<str:name>/", views.team_detail, name="team_detail"),
     path("teams/<str:name>/quota/", views.team_quota, name="team_quota"),
+    path("teams/<str:name>/members/add/", members.team_member_add, name="team_member_add"),
+    path(
+        "teams/<str:name>/members/<str:username>/role/",
+        members.team_member_role,
+        name="team_member_role",
+    ),
+    path(
+        "teams/<str:name>/members/<str:username>/limit/",
+        members.team_member_limit,
+        name="team_member_limit",
+    ),
+    path(
+        "teams/<str:name>/members/<str:username>/remove/",
+        members.team_member_remove,
+        name="team_member_remove",
+    ),
+    path("cluster/", cluster.cluster_view, name="cluster"),
+    path("usage/", usage.usage_page, name="usage"),
     path("tokens/", views.token_list_view, name="token_list"),
+    path("settings/notifications/", notifications.notifications_view, name="notifications"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke_view, name="token_revoke"),
+    path("nodes/", nodes.node_list, name="node_list"),
+    path("nodes/<str:node>/cordon/", nodes.node_action, {"action": "cordon"}, name="node_cordon"),
+    path(
+        "nodes/<str:node>/uncordon/",
+        nodes.node_action,
+        {"action": "uncordon"},
+        name="node_uncordon",
+    ),
+    path("nodes/<str:node>/drain/", nodes.node_action, {"action": "drain"}, name="node_drain"),
 ]

@@ -6,7 +6,8 @@ A page that refreshes itself renders, for an htmx request, only the fragment tha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import wraps
 from typing import Any
@@ -15,14 +16,18 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required as django_login_required
 from django.contrib.auth.views import redirect_to_login
+from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render, resolve_url
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.cache import patch_vary_headers
+from django.utils.http import urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
+from portal.cluster.capacity import guarantee_overcommit
 from portal.cluster.models import Gpu, Slice
 from portal.jobs.models import HOLDING_STATES, Job, JobState
 from portal.jobs.selectors import (
@@ -33,7 +38,14 @@ from portal.jobs.selectors import (
     team_overview,
     team_overviews,
 )
-from portal.jobs.services import JobActionError, can_act_on_job, job_cancel, job_submit
+from portal.jobs.services import (
+    JobActionError,
+    job_actions_for,
+    job_actor,
+    job_request_of,
+    job_resubmit,
+    job_submit,
+)
 from portal.jobs.validation import JobRequestError, validate_job_request
 from portal.tenants.models import (
     PRIORITY_CLASSES,
@@ -55,18 +67,20 @@ from portal.web.forms import (
     FormError,
     job_form_errors,
     job_form_values,
+    job_form_values_of,
     job_request_data,
     quota_form_values,
 )
+from portal.web.team_members import team_members_context
+from portal.web.team_usage import page_report, usage_context
 from scheduler.units import MIG_PROFILES
 
-# How many jobs the list shows; the filters narrow it down.
-JOB_LIST_LIMIT = 200
+# How many jobs one page of the list shows; the filters narrow it down.
+JOB_LIST_PAGE_SIZE = 50
 # The job page shows the end of a long log; the API serves all of it.
 LOG_TAIL_CHARS = 256 * 1024
 # A form sent back with errors; base.html tells htmx to swap this status like a 200.
 UNPROCESSABLE = 422
-CANCELLABLE_STATES = frozenset({JobState.PENDING, JobState.HELD, *HOLDING_STATES})
 
 
 def login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -103,24 +117,110 @@ def _render(
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
     teams = list(teams_for_user(user=request.user))
-    state = request.GET.get("state", "")
-    team = request.GET.get("team", "")
-    if state not in JobState.values:
-        state = ""
-    if team not in {t.name for t in teams}:
-        team = ""
-    jobs = job_list_for_user(user=request.user, state=state or None, team=team or None)
-    context = {
+    filters, problems = _job_list_filters(request, teams)
+    context: dict[str, Any] = {
         "nav": "jobs",
-        "jobs": list(jobs[:JOB_LIST_LIMIT]),
-        "limit": JOB_LIST_LIMIT,
         "states": JobState.values,
         "teams": teams,
-        "state": state,
-        "team": team,
-        "query": request.GET.urlencode(),
+        "problems": problems,
+        "now": timezone.now(),
+        **filters,
     }
+    if problems:
+        page = Paginator(Job.objects.none(), JOB_LIST_PAGE_SIZE).page(1)
+        context.update(rows=[], page=page, query="", list_url=reverse("web:job_list"))
+        return render(request, "web/job_list.html", context, status=400)
+    jobs = job_list_for_user(
+        user=request.user,
+        state=filters["state"] or None,
+        team=filters["team"] or None,
+        mine=bool(filters["mine"]),
+        name_contains=filters["q"],
+    )
+    paginator = Paginator(jobs, JOB_LIST_PAGE_SIZE)
+    # A page beyond the end (the list shrank while it was open) shows the last one.
+    page = paginator.page(min(_page_number(request) or 1, paginator.num_pages))
+    query = _job_list_query(filters, page.number)
+    context.update(
+        rows=job_rows(jobs=page.object_list, user=request.user),
+        page=page,
+        query=query,
+        list_url=_job_list_url(query),
+        newer_url=_job_list_url(_job_list_query(filters, page.number - 1))
+        if page.has_previous()
+        else "",
+        older_url=_job_list_url(_job_list_query(filters, page.number + 1))
+        if page.has_next()
+        else "",
+    )
     return _render(request, "web/job_list.html", "job_table", context)
+
+
+def _job_list_filters(
+    request: HttpRequest, teams: list[Team]
+) -> tuple[dict[str, str], list[FormError]]:
+    """The list's filters as text (empty: not filtered), and what is wrong with them.
+
+    An unknown state or team (a bookmark of a team one has left) just does not filter."""
+    state = request.GET.get("state", "")
+    team = request.GET.get("team", "")
+    mine = request.GET.get("mine", "")
+    search = request.GET.get("q", "").strip()
+    problems = []
+    if mine not in ("", "1"):
+        problems.append(
+            FormError(
+                label="Mine only",
+                message=f"{mine!r} is not allowed; allowed: 1 (only my jobs) or nothing",
+                input="mine",
+            )
+        )
+    if "\x00" in search:
+        problems.append(
+            FormError(label="Name", message="must not contain a NUL character", input="q")
+        )
+        search = ""
+    page = request.GET.get("page", "")
+    if page and _page_number(request) is None:
+        problems.append(
+            FormError(
+                label="Page",
+                message=f"{page!r} is not a page number; allowed: a whole number from 1",
+                input=None,
+            )
+        )
+    filters = {
+        "state": state if state in JobState.values else "",
+        "team": team if team in {t.name for t in teams} else "",
+        "mine": "1" if mine == "1" else "",
+        "q": search,
+    }
+    return filters, problems
+
+
+def _page_number(request: HttpRequest) -> int | None:
+    raw = request.GET.get("page", "")
+    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+        return None
+    return int(raw)
+
+
+def _job_list_query(filters: dict[str, str], page: int) -> str:
+    """The list's address query: its filters (the set ones), and the page after the first."""
+    params = {name: value for name, value in filters.items() if value}
+    if page > 1:
+        params["page"] = str(page)
+    return urlencode(params)
+
+
+def _job_list_url(query: str) -> str:
+    return f"{reverse('web:job_list')}?{query}" if query else reverse("web:job_list")
+
+
+def job_rows(*, jobs: Iterable[Job], user: Any) -> list[dict[str, Any]]:
+    """Jobs with the actions ``user`` may take on each: one query for all of them."""
+    actor = job_actor(user=user)
+    return [{"job": job, "actions": job_actions_for(job=job, actor=actor)} for job in jobs]
 
 
 @login_required
@@ -128,17 +228,29 @@ def job_list(request: HttpRequest) -> HttpResponse:
 def job_submit_view(request: HttpRequest) -> HttpResponse:
     teams = list(member_teams(user=request.user).order_by("name"))
     values = job_form_values(request.POST if request.method == "POST" else None)
-    if request.method == "GET" and len(teams) == 1:
+    source, problems = _job_to_copy(request)
+    if request.method == "GET" and source is not None:
+        values = job_form_values_of(job_request_of(source))
+    elif request.method == "GET" and len(teams) == 1:
         values["team"] = teams[0].name
+    resubmit = (
+        source is not None
+        and job_actions_for(job=source, actor=job_actor(user=request.user)).resubmit
+    )
     errors: dict[str, list[str]] = {}
-    problems: list[FormError] = []
-    if request.method == "POST":
+    if request.method == "POST" and not problems:
         try:
             job_request = validate_job_request(job_request_data(values), user=request.user)
+            if source is not None:
+                # Only a job the user may resubmit puts its id in the form (see the template).
+                job = job_resubmit(job=source, user=request.user, request=job_request)
+            else:
+                job = job_submit(user=request.user, request=job_request)
         except JobRequestError as error:
             errors, problems = job_form_errors(error.errors)
+        except JobActionError as error:
+            problems = [FormError(label="Resubmit", message=str(error), input=None)]
         else:
-            job = job_submit(user=request.user, request=job_request)
             messages.success(request, f"Job {job.pk} submitted.")
             return redirect("web:job_detail", job_id=job.pk)
     profiles_here, models_here = _cluster_offer()
@@ -151,10 +263,27 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
         "priorities": PRIORITY_CLASSES,
         "mig_profiles": _mig_profile_choices(profiles_here),
         "gpu_models": models_here,
+        "source": source,
+        "resubmit": resubmit,
     }
-    return render(
-        request, "web/job_submit.html", context, status=UNPROCESSABLE if problems else 200
-    )
+    status = 200
+    if problems:
+        status = 400 if request.method == "GET" else UNPROCESSABLE
+    return render(request, "web/job_submit.html", context, status=status)
+
+
+def _job_to_copy(request: HttpRequest) -> tuple[Job | None, list[FormError]]:
+    """The job whose request the form starts from (``?from=<id>``; on POST the form's own
+    ``from``, sent only for a resubmit), and what is wrong with ``from``.
+
+    Any job the user may see can be copied; another team's is a 404 like a missing one."""
+    raw = (request.POST if request.method == "POST" else request.GET).get("from", "").strip()
+    if not raw:
+        return None, []
+    if not re.fullmatch(r"[0-9]{1,18}", raw):
+        message = f"{raw!r} is not a job id; allowed: the id of a job of your teams"
+        return None, [FormError(label="Copy of job", message=message, input=None)]
+    return _job_for(request, int(raw)), []
 
 
 def _cluster_offer() -> tuple[set[str], list[str]]:
@@ -208,9 +337,7 @@ def _job_context(request: HttpRequest, job: Job, **extra: Any) -> dict[str, Any]
         "events": list(job.events.all()),
         "log": log[-LOG_TAIL_CHARS:] if truncated else log,
         "log_truncated": truncated,
-        "can_cancel": job.state in CANCELLABLE_STATES
-        and not (stopping and job.stop_reason == "cancel")
-        and can_act_on_job(user=request.user, job=job),
+        "actions": job_actions_for(job=job, actor=job_actor(user=request.user)),
         "stopping": stopping,
         **extra,
     }
@@ -220,26 +347,6 @@ def _job_context(request: HttpRequest, job: Job, **extra: Any) -> dict[str, Any]
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_for(request, job_id)
     return _render(request, "web/job_detail.html", "job_live", _job_context(request, job))
-
-
-@login_required
-@require_POST
-def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_for(request, job_id)
-    problem = ""
-    try:
-        job = job_cancel(job=job, user=request.user)
-    except JobActionError as error:
-        problem = str(error)
-    if not request.htmx:
-        if problem:
-            messages.error(request, problem)
-        else:
-            messages.success(request, f"Cancel of job {job.pk} requested.")
-        return redirect("web:job_detail", job_id=job.pk)
-    job.refresh_from_db()
-    context = _job_context(request, job, action_error=problem)
-    return render(request, "web/job_detail.html#job_live", context)
 
 
 # --- teams ---------------------------------------------------------------------------
@@ -279,6 +386,9 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
         "priorities": PRIORITY_CLASSES,
         "values": quota_form_values(None, overview),
         "errors": {},
+        # A warning, not a block: a site admin may promise more than the cluster holds.
+        "overcommit": guarantee_overcommit() if is_site_admin(request.user) else None,
+        **team_members_context(request=request, team=team),
         **extra,
     }
 
@@ -286,7 +396,8 @@ def _team_context(request: HttpRequest, team: Team, **extra: Any) -> dict[str, A
 @login_required
 def team_detail(request: HttpRequest, name: str) -> HttpResponse:
     team = _team_for(request, name)
-    return render(request, "web/team_detail.html", _team_context(request, team))
+    usage = usage_context(page_report(team=team, viewer=request.user))
+    return render(request, "web/team_detail.html", _team_context(request, team, usage=usage))
 
 
 @login_required

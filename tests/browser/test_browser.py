@@ -8,6 +8,8 @@ cancel a running job. Screenshots of the pages go to docs/screenshots/ for the R
 
 A second test opens every page at a phone's size (390 x 844) against Django's live server and
 jobs written straight into the database, so it needs no agent: nothing may scroll sideways.
+Another, on the same live server, holds and releases a pending job from the job list and
+resubmits a failed one from its page (docs/screenshots/job-actions.png).
 
 Without Chromium the test is skipped, unless PORTAL_REQUIRE_SERVICES=1 (then it fails).
 """
@@ -16,15 +18,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 from services import require_service
 from stack import PortalStack
 
-from portal.cluster.models import Slice
+from portal.accounting.services import charge_attempt
+from portal.cluster.models import Node, Slice
 from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
 from portal.jobs.services import job_submit
 from portal.jobs.testing import DEMO_PASSWORD, allocate, make_job, make_node, make_team, make_user
@@ -246,7 +251,20 @@ def test_a_job_submitted_in_the_browser_runs_to_success_on_its_live_page(
 # --- at a phone's width ------------------------------------------------------------------
 
 # Every page of portal/web/urls.py that answers a GET, as a path; the others only take POSTs.
-WEB_ACTIONS = {"logout", "job_cancel", "team_quota", "token_revoke"}
+WEB_ACTIONS = {
+    "logout",
+    "job_cancel",
+    "job_hold",
+    "job_release",
+    "team_quota",
+    "team_member_add",
+    "team_member_role",
+    "team_member_limit",
+    "token_revoke",
+    "node_cordon",
+    "node_uncordon",
+    "node_drain",
+}
 
 
 def sideways_overflow(page: Any) -> dict[str, Any]:
@@ -309,7 +327,13 @@ def test_every_page_fits_a_phone_without_sideways_scrolling(
         "job_detail": f"/jobs/{running.pk}/",
         "team_list": "/teams/",
         "team_detail": f"/teams/{vision.name}/",
+        "cluster": "/cluster/",
+        "usage": "/usage/",
+        # The team page asking to confirm a member's removal.
+        "team_member_remove": f"/teams/{vision.name}/members/alice/remove/",
         "token_list": "/tokens/",
+        "node_list": "/nodes/",
+        "notifications": "/settings/notifications/",
     }
     web_pages = {pattern.name for pattern in web_urls.urlpatterns} - WEB_ACTIONS
     assert web_pages <= set(pages), f"add {web_pages - set(pages)} to this test"
@@ -350,6 +374,105 @@ def test_every_page_fits_a_phone_without_sideways_scrolling(
     assert "Name: required" in problems and "Depends on: dependency 1:" in problems
     screenshot(page, "mobile-submit-errors.png")
     assert sideways_overflow(page)["scrollWidth"] <= 391
+
+
+# --- job actions ---------------------------------------------------------------------------
+
+
+def test_a_job_is_held_and_released_from_the_list_and_resubmitted_from_its_page(
+    chromium: Any, people: dict[str, Any], live_server: Any
+) -> None:
+    """No agent needed: the pages of one web server (pytest-django's) and jobs written
+    straight into the database."""
+    vision, alice = people["vision"], people["alice"]
+    now = timezone.now()
+    waiting = make_job(
+        team=vision,
+        user=alice,
+        name="sweep-2gpu",
+        gpu_count=2,
+        pending_code="QUOTA_LIMIT",
+        pending_message="team vision uses 2.0 of 3.0 units, job needs 2.0",
+        queue_position=1,
+        estimated_start_at=now + timedelta(minutes=40),
+    )
+    failed = make_job(
+        team=vision,
+        user=alice,
+        state=JobState.FAILED,
+        name="resnet-train",
+        gpu_kind="mig",
+        gpu_profile="3g.40gb",
+        exit_code=1,
+        reason="exited with code 1",
+        started_at=now - timedelta(minutes=12),
+        finished_at=now - timedelta(minutes=4),
+    )
+    make_job(
+        team=vision,
+        user=alice,
+        state=JobState.RUNNING,
+        name="bert-finetune",
+        started_at=now - timedelta(minutes=25),
+    )
+    make_job(team=vision, user=people["vera"], name="vera-eval")
+    base = live_server.url.rstrip("/")
+    page = log_in(chromium, base, "alice")
+    row = f"#job-row-{waiting.pk}"
+
+    # Hold the pending job from its row: the row turns HELD in place, with a Release button.
+    page.evaluate("window.__notReloaded = true")
+    page.click(f"{row} button:has-text('Hold')")
+    page.wait_for_selector(f"{row} .state-HELD")
+    assert Job.objects.get(pk=waiting.pk).state == JobState.HELD
+    assert page.inner_text(f"{row} td[data-label='Est. start']").strip() == "held"
+    screenshot(page, "job-actions.png")
+
+    # Release it: back to PENDING (at the end of the queue), still without a reload.
+    page.click(f"{row} button:has-text('Release')")
+    page.wait_for_selector(f"{row} .state-PENDING")
+    assert Job.objects.get(pk=waiting.pk).state == JobState.PENDING
+    assert page.evaluate("window.__notReloaded === true")
+
+    # The scheduler starts it before the page's next poll; Hold now says why, and stays said.
+    page.evaluate(
+        """document.body.addEventListener("htmx:beforeRequest", (event) => {
+            if (event.detail.elt.id === "job-table") event.preventDefault();  // no polls
+        })"""
+    )
+    Job.objects.filter(pk=waiting.pk).update(state=JobState.RUNNING, started_at=timezone.now())
+    page.click(f"{row} button:has-text('Hold')")
+    refused = page.wait_for_selector("#job-action-message .form-errors")
+    assert refused.inner_text() == f"job {waiting.pk} is RUNNING; only a PENDING job can be held"
+    assert Job.objects.get(pk=waiting.pk).state == JobState.RUNNING
+
+    # Mine only, and a search by name: the list narrows as one types, and the address keeps it.
+    page.check("#id_mine")
+    page.wait_for_url(re.compile(r"mine=1"))
+    page.fill("#id_q", "RESNET")
+    page.wait_for_url(re.compile(r"q=RESNET"))
+    page.wait_for_function("document.querySelectorAll('#job-table tbody tr').length === 1")
+    assert page.inner_text("#job-table tbody").startswith(str(failed.pk))
+
+    # Resubmit the failed job from its page: the form comes filled in; change the name.
+    page.goto(f"{base}/jobs/{failed.pk}/")
+    page.click("#resubmit")
+    page.wait_for_url(f"{base}/jobs/new/?from={failed.pk}")
+    assert page.input_value("#id_name") == "resnet-train"
+    assert page.input_value("#id_gpu_kind") == "mig"
+    assert page.input_value("#id_gpu_profile") == "3g.40gb"
+    page.fill("#id_name", "resnet-train-retry")
+    page.click("button:has-text('Submit job')")
+    page.wait_for_url(re.compile(rf"{re.escape(base)}/jobs/\d+/$"))
+    new_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
+    new = Job.objects.get(pk=new_id)
+    assert (new.name, new.gpu_kind, new.gpu_profile, new.state) == (
+        "resnet-train-retry",
+        "mig",
+        "3g.40gb",
+        JobState.PENDING,
+    )
+    assert f"resubmitted from job {failed.pk}" in page.inner_text("#job-events")
 
 
 # --- the Tokens page -----------------------------------------------------------------------
@@ -415,3 +538,191 @@ def test_the_api_docs_render_with_no_internet(chromium: Any, live_server: Any) -
     page.wait_for_selector(".swagger-ui .info .title:has-text('GPU portal API')")
     page.wait_for_selector(".opblock-summary-path:has-text('/api/v1/jobs/')")
     assert elsewhere == []
+
+
+# --- the Cluster page ----------------------------------------------------------------------
+
+
+def test_the_cluster_page_shows_free_slices_and_who_holds_the_others(
+    chromium: Any, people: dict[str, Any], live_server: Any
+) -> None:
+    """Alice (vision) sees every slice: free, held by her team's jobs (a link to the job),
+    held by nlp (the team only), on a cordoned node, on a lost node; the free totals and the
+    last 24 hours' utilisation as a chart with its numbers."""
+    vision, nlp, alice, bob = people["vision"], people["nlp"], people["alice"], people["bob"]
+    now = timezone.now()
+    make_node(
+        "gpu-host-1",
+        gpus=[
+            {"mode": "whole", "model": "NVIDIA A100-SXM4-80GB"},
+            {"mode": "whole", "model": "NVIDIA A100-SXM4-80GB"},
+            {
+                "mode": "mig",
+                "model": "NVIDIA A100-SXM4-80GB",
+                "profiles": ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+            },
+            {"mode": "mps", "model": "NVIDIA A100-SXM4-80GB", "shares": 4},
+        ],
+    )
+    make_node("gpu-host-2", gpus=[{"mode": "whole"}, {"mode": "whole"}])
+    make_node("gpu-host-3", gpus=[{"mode": "whole"}])
+    Node.objects.update(registered_at=now - timedelta(days=2), last_heartbeat_at=now)
+    Node.objects.filter(name="gpu-host-2").update(
+        state=Node.State.DRAINED, cordoned_at=now - timedelta(minutes=20), cordoned_by="admin"
+    )
+    Node.objects.filter(name="gpu-host-3").update(
+        state=Node.State.LOST, last_heartbeat_at=now - timedelta(hours=3)
+    )
+    running = {"state": JobState.RUNNING}
+    resnet = make_job(team=vision, user=alice, name="resnet50-train", **running)
+    bert = make_job(team=nlp, user=bob, name="bert-finetune", **running)
+    sweep = make_job(team=vision, user=alice, name="sweep-a", **running)
+    allocate(resnet, ["GPU-gpu-host-1-0"])
+    allocate(bert, ["MIG-gpu-host-1-2-0", "GPU-gpu-host-1-3/mps/0"])
+    allocate(sweep, ["GPU-gpu-host-2-0"])
+    # Earlier work, so the chart has a day to show: some GPUs held for part of each hour.
+    done = make_job(team=nlp, user=bob, name="earlier", state=JobState.SUCCEEDED)
+    for hours_ago in range(1, 24):
+        for n, key in enumerate(["GPU-gpu-host-1-1", "GPU-gpu-host-2-1", "GPU-gpu-host-3-0"]):
+            if (hours_ago + n) % 3:
+                start = now - timedelta(hours=hours_ago, minutes=50)
+                Allocation.objects.create(
+                    job=done,
+                    attempt=1,
+                    slice=Slice.objects.get(key=key),
+                    created_at=start,
+                    released_at=start + timedelta(minutes=10 * (1 + (hours_ago * (n + 1)) % 5)),
+                )
+
+    base = live_server.url.rstrip("/")
+    page = log_in(chromium, base, "alice")
+    page.click("nav >> text=Cluster")
+    page.wait_for_url(f"{base}/cluster/")
+    page.wait_for_selector("#cluster-live svg#utilisation-chart")
+
+    held = page.locator("#node-gpu-host-1 li.slice-held").all_inner_texts()
+    assert [" ".join(text.split()) for text in held] == [
+        "whole held by vision: resnet50-train (alice)",
+        "3g.40gb held by nlp",
+        "MPS 0.25 held by nlp",
+    ]
+    assert "bert-finetune" not in page.content()
+    assert page.inner_text("#node-gpu-host-2 .node-status") == "cordoned"
+    assert page.inner_text("#node-gpu-host-3 .node-status") == "lost"
+    assert " ".join(page.inner_text("#node-gpu-host-2 li.slice-draining").split()) == (
+        "whole draining"
+    )
+    free_1g = page.locator("[id='free-mig-1g.10gb'] td[data-label='Free']").inner_text()
+    assert free_1g == "2"
+    assert page.locator("#utilisation-table tbody tr").count() == 24
+    assert page.locator("svg#utilisation-chart g.bar").count() == 24
+    screenshot(page, "cluster.png")
+
+    # Her team's job links to its page.
+    page.click("#node-gpu-host-1 a:has-text('resnet50-train')")
+    page.wait_for_url(f"{base}/jobs/{resnet.pk}/")
+
+
+# --- the Usage page --------------------------------------------------------------------------
+
+
+def test_the_usage_page_shows_hours_per_member_and_holdings_against_the_guarantee(
+    chromium: Any, people: dict[str, Any], live_server: Any
+) -> None:
+    """No agent needed: finished attempts charged through the accounting service, running
+    ones as allocations, in the web server of pytest-django."""
+    vision, alice, vera = people["vision"], people["alice"], people["vera"]
+    vision.budget_gpu_hours = 40.0
+    vision.save(update_fields=["budget_gpu_hours"])
+    model = "NVIDIA A100-SXM4-80GB"
+    make_node(
+        "gpu-host-1",
+        gpus=[
+            {"model": model},
+            {"model": model},
+            {"model": model},
+            {"mode": "mig", "model": model, "profiles": ["3g.40gb", "3g.40gb"]},
+        ],
+    )
+    now = timezone.now()
+
+    def ran(user: Any, keys: list[str], hours_ago: float, hours: float) -> None:
+        job = make_job(team=vision, user=user, state=JobState.SUCCEEDED, name="train")
+        allocate(job, keys, released=True)
+        start = now - timedelta(hours=hours_ago)
+        end = start + timedelta(hours=hours)
+        Allocation.objects.filter(job=job).update(created_at=start, released_at=end)
+        charge_attempt(
+            job_id=job.pk,
+            attempt=1,
+            team_id=vision.pk,
+            user_id=user.pk,
+            units=float(len(keys)),
+            held_from=start,
+            held_until=end,
+            half_life_s=7 * 86400.0,
+        )
+
+    def running(user: Any, keys: list[str], hours_ago: float) -> None:
+        job = make_job(team=vision, user=user, state=JobState.RUNNING, name="sweep")
+        allocate(job, keys)
+        Allocation.objects.filter(job=job).update(created_at=now - timedelta(hours=hours_ago))
+
+    for day in range(1, 12, 2):  # some work on every other day
+        ran(alice, ["GPU-gpu-host-1-0"], 24 * day + 6, 3 + day % 4)
+    ran(vera, ["GPU-gpu-host-1-0", "GPU-gpu-host-1-1"], 30, 4)  # 8 GPU-unit-hours
+    ran(vera, ["GPU-gpu-host-1-2"], 75, 10)
+    running(alice, ["MIG-gpu-host-1-3-0"], 5)  # 3/7 of a GPU
+    running(vera, ["GPU-gpu-host-1-0", "GPU-gpu-host-1-1"], 3)  # above the guarantee of 2
+
+    base = live_server.url.rstrip("/")
+    page = log_in(chromium, base, "vera")
+    page.click("nav >> text=Usage")
+    page.wait_for_url(f"{base}/usage/")
+    assert page.inner_text("h1") == "Usage of team vision"
+    # vera administers the team: every member, in the table and in the chart's legend.
+    assert page.locator("#usage-members tbody tr").count() == 3  # alice, vera, the team
+    assert page.inner_text("#usage-daily-legend").split() == ["alice", "vera"]
+    assert page.locator("svg#usage-daily g.bar").count() == 30
+    assert page.locator("svg#usage-held g.bar").count() >= 7 * 24
+    # vera: 8 + 10 finished, and 2 GPUs for 3 hours so far.
+    vera_30 = page.inner_text("#usage-member-vera td[data-label='Last 30 days']")
+    assert float(vera_30) == pytest.approx(24.0, abs=0.05)
+    borrowed = page.inner_text("#usage-borrowed .value")
+    assert borrowed.startswith("0.43")  # 2 + 3/7 held, guarantee 2
+    # A bar's title is its tooltip: today's bar names both members.
+    today = page.locator("svg#usage-daily g.bar").last.locator("title").first.text_content()
+    assert today is not None and "alice" in today and "vera" in today
+    screenshot(page, "usage.png")
+
+    # A member sees themself and the rest of the team, never another member's name.
+    member = log_in(chromium, base, "alice")
+    member.goto(f"{base}/usage/")
+    assert member.locator("#usage-member-vera").count() == 0
+    assert member.inner_text("#usage-daily-legend").split() == [
+        "alice",
+        "rest",
+        "of",
+        "the",
+        "team",
+    ]
+    assert not re.search(r"\bvera\b", member.inner_text("#usage"))
+
+    # At a phone's width the tables become cards and nothing scrolls sideways.
+    phone = log_in(chromium, base, "vera", **PHONE)
+    phone.goto(f"{base}/usage/")
+    overflow = sideways_overflow(phone)
+    assert overflow["scrollWidth"] <= 391 and overflow["wide"] == [], overflow
+    assert not phone.is_visible("#usage-daily-table thead")
+    screenshot(phone, "mobile-usage.png")
+
+    # A site admin picks the team from the menu; the page swaps in place (htmx).
+    admin = log_in(chromium, base, "admin")
+    admin.goto(f"{base}/usage/")
+    assert admin.inner_text("h1") == "Usage of team nlp"
+    admin.evaluate("window.__notReloaded = true")
+    admin.select_option("#id_usage_team", "vision")
+    admin.wait_for_selector("h1:has-text('Usage of team vision')")
+    assert admin.evaluate("window.__notReloaded === true")
+    assert admin.url.endswith("/usage/?team=vision")
+    assert admin.locator("#usage-member-alice").count() == 1

@@ -66,7 +66,7 @@ def test_submit_with_flags_stores_every_field_and_prints_the_id(cli: Cli, world:
         "submit", "-q", "--team", "vision", "--image", "python:3.11-slim",
         "--gpu", "mig", "--profile", "1g.10gb", "--count", "1", "--priority", "low",
         "--time-limit", "1h30m", "--no-preemptible", "-e", "SEED=7", "-e", "MODE=fast",
-        "--after-any", str(first.pk),
+        "--after-any", str(first.pk), "--notify", "fail,end",
         "--", "python3", "-c", "print('hi')",
     )  # fmt: skip
 
@@ -90,6 +90,7 @@ def test_submit_with_flags_stores_every_field_and_prints_the_id(cli: Cli, world:
         {"SEED": "7", "MODE": "fast"},
     )
     assert [(d.depends_on_id, d.kind) for d in job.dependencies.all()] == [(first.pk, "after_any")]
+    assert job.notify == ["end", "fail"]
 
 
 def test_submit_reads_a_yaml_or_json_file_and_flags_win(cli: Cli, tmp_path: Path) -> None:

@@ -161,8 +161,8 @@ def test_an_admin_scoped_token_creates_tokens_and_lesser_ones_may_not(world: Wor
     assert with_key(made.json()["key"]).get("/api/v1/teams/").status_code == 200
     assert refused.status_code == 403
     assert refused.json()["errors"]["scope"].startswith(
-        "this token lacks the 'admin' scope, which creating and revoking tokens and changing "
-        "teams needs; its scopes: read, submit."
+        "this token lacks the 'admin' scope, which creating and revoking tokens, changing "
+        "teams and cordoning or draining nodes needs; its scopes: read, submit."
     )
     assert ApiToken.objects.filter(name="ci").count() == 1
 

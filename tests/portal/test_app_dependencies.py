@@ -2,10 +2,12 @@
 
 Each app may import the apps before it in ``ORDER``, never one after it:
 
-    tenants -> cluster -> accounting -> jobs -> scheduling -> agents -> api, web
+    tenants -> cluster -> accounting -> jobs -> scheduling, notify -> agents -> api, web
 
 plus ``ops``, which may import anything. Accounting sits before jobs because ending an
-attempt (``portal.jobs.attempts``) charges its use. Imports are read with ``ast`` from every
+attempt (``portal.jobs.attempts``) charges its use. Notify follows jobs through the signal
+``portal.jobs.transitions`` sends after a state change commits; scheduling and notify know
+nothing of each other. Imports are read with ``ast`` from every
 module of every app, at the top and inside functions alike; an import inside a function is
 allowed only where Django or Celery needs it late (``tasks.py``, management commands, an
 ``AppConfig.ready`` in ``apps.py``), never to hide a dependency that runs the wrong way.
@@ -28,6 +30,7 @@ ORDER = {
     "accounting": 2,
     "jobs": 3,
     "scheduling": 4,
+    "notify": 4,
     "agents": 5,
     "api": 6,
     "web": 6,
@@ -94,7 +97,7 @@ def test_no_app_imports_an_app_above_it(path: Path):
             wrong.append(
                 f"portal/{path.relative_to(PORTAL)}:{line} imports {module}: "
                 f"{app} may import only apps before it in "
-                "tenants -> cluster -> accounting -> jobs -> scheduling -> agents -> api, web"
+                "tenants -> cluster -> accounting -> jobs -> scheduling, notify -> agents -> api, web"
             )
     assert wrong == []
 

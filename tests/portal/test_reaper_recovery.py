@@ -80,6 +80,7 @@ def test_an_agent_within_its_lease_is_left_alone(setup):
         "launches_queried": 0,
         "stops_resent": 0,
         "nonces_forgotten": 0,
+        "drain_stops": 0,
     }
     assert Job.objects.get(pk=job.pk).state == "RUNNING"
 

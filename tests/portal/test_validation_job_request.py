@@ -80,7 +80,7 @@ def test_it_lists_every_missing_required_field_at_once(alice):
 def test_it_refuses_unknown_fields_naming_the_allowed_ones(alice):
     assert errors_of(valid(gpus=2), alice) == {
         "gpus": "unknown field; allowed: name, team, image, command, env, gpu, priority, "
-        "time_limit_s, preemptible, depends_on"
+        "time_limit_s, preemptible, depends_on, notify"
     }
 
 

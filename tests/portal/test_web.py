@@ -605,8 +605,10 @@ def test_the_team_page_shows_quota_use_and_members(
     assert '<div class="label">Fair-share weight</div><div class="value">2</div>' in page
     assert '<div class="label">Running jobs</div><div class="value">1</div>' in page
     assert '<div class="label">Pending jobs</div><div class="value">1</div>' in page
-    assert "<td>alice</td><td>member</td>" in page
-    assert '<td>vera</td><td><span class="tag">team admin</span></td>' in page
+    assert '<td data-label="User">alice <span class="muted">(you)</span></td>' in page
+    assert '<td data-label="Role">\n          member' in page
+    assert '<td data-label="User">vera</td>' in page
+    assert '<td data-label="Role">\n          <span class="tag">team admin</span>' in page
 
 
 def test_a_team_admin_sees_the_quota_read_only(vera: Any, vision: Team) -> None:

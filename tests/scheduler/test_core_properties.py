@@ -122,6 +122,8 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             max_priority=draw(st.sampled_from(("normal", "high"))),
             usage=float(draw(st.integers(0, 10**7))),
             member_limit=draw(st.sampled_from([None, None, None, 2.0])),
+            # A member's own limit (set by a team admin) tightens member_limit.
+            member_limits=draw(st.sampled_from([{}, {}, {}, {"u1": 1.0}, {"u2": 3.0}])),
         )
     states = {d: draw(st.sampled_from(list(DependencyState))) for d in DEPS}
     return Snapshot(nodes, teams, tuple(pending), tuple(running), dependency_states=states)
@@ -177,8 +179,9 @@ def test_no_team_or_member_goes_above_its_limit(snap: Snapshot, config: Schedule
         team = snap.teams[job.team]
         if team.limit is not None:
             assert team_units[job.team] <= team.limit + 1e-9
-        if team.member_limit is not None:
-            assert user_units[(job.team, job.user)] <= team.member_limit + 1e-9
+        member_limit = team.limit_of(job.user)
+        if member_limit is not None:
+            assert user_units[(job.team, job.user)] <= member_limit + 1e-9
 
 
 @PROPERTY

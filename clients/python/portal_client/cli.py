@@ -206,6 +206,12 @@ def _add_submit_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--after-ok", action="append", type=_positive_int, default=[])
     parser.add_argument("--after-any", action="append", type=_positive_int, default=[])
+    parser.add_argument(
+        "--notify",
+        metavar="EVENTS",
+        help="tell me about this job's events: start, end, fail, preempt, comma separated "
+        "('' for none; default: my notification settings)",
+    )
     parser.add_argument("--wait", action="store_true", help="then wait; exit 0/1 by the result")
     parser.add_argument("--follow", action="store_true", help="then print its log as it comes")
     parser.add_argument("-q", "--quiet", action="store_true", help="print the job id only")
@@ -559,6 +565,8 @@ def _submit_request(args: argparse.Namespace) -> dict[str, Any]:
     dependencies += [{"job": job, "kind": "after_any"} for job in args.after_any]
     if dependencies:
         request["depends_on"] = [*(request.get("depends_on") or []), *dependencies]
+    if args.notify is not None:
+        request["notify"] = [event.strip() for event in args.notify.split(",") if event.strip()]
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]

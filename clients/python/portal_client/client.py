@@ -57,6 +57,7 @@ class JobRequest(TypedDict, total=False):
     time_limit_s: int
     preemptible: bool
     depends_on: list[Dependency]
+    notify: list[str] | None  # events of this job to be told about: start, end, fail, preempt
 
 
 class PortalClient:

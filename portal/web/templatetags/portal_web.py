@@ -97,3 +97,17 @@ def lines(messages: Any) -> SafeString:
     if isinstance(messages, str):
         messages = [messages]
     return format_html_join(mark_safe("<br>"), "{}", ((message,) for message in messages or ()))
+
+
+@register.filter
+def run_seconds(job: Any, now: Any) -> int | None:
+    """How long ``job`` has run (until ``now``) while it runs, or ran once it ended; None for
+    a job that is not running and did not run to its end (waiting, requeued, cancelled while
+    waiting)."""
+    if job.started_at is None:
+        return None
+    if job.state == "RUNNING":
+        return max(0, int((now - job.started_at).total_seconds()))
+    if job.is_terminal and job.finished_at is not None:
+        return max(0, int((job.finished_at - job.started_at).total_seconds()))
+    return None

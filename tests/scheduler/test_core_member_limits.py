@@ -1,0 +1,53 @@
+"""A member's own limit (set by a team admin) holds back that member only, and only ever
+tightens the team's per-member limit."""
+
+from __future__ import annotations
+
+from sched_builders import codes, decide, job, placed, running, snapshot, whole_node
+
+from scheduler import Team
+
+
+def test_a_members_own_limit_holds_back_that_member_only() -> None:
+    snap = snapshot(
+        [whole_node("n0")],
+        [job("x2", user="x", count=2, at=0), job("y2", user="y", count=2, at=1)],
+        teams=[Team("a", member_limit=3.0, member_limits={"x": 1.0})],
+    )
+    decisions = decide(snap)
+    assert placed(decisions) == {"y2": ("n0-g0", "n0-g1")}
+    assert codes(decisions) == {"x2": "MEMBER_LIMIT"}
+    assert decisions.pending[0].reason.message == (
+        "x uses 0.0 of the 1.0 units a member may hold, job needs 2.0"
+    )
+
+
+def test_an_own_limit_counts_what_the_member_holds_already() -> None:
+    snap = snapshot(
+        [whole_node("n0")],
+        [job("x2", user="x", count=1, at=0)],
+        [running(job("x1", user="x"), ["n0-g0"])],
+        teams=[Team("a", member_limits={"x": 1.5})],
+    )
+    decisions = decide(snap)
+    assert placed(decisions) == {}
+    assert decisions.pending[0].reason.numbers == {"used": 1.0, "limit": 1.5, "needs": 1.0}
+
+
+def test_an_own_limit_above_the_teams_per_member_limit_does_not_loosen_it() -> None:
+    snap = snapshot(
+        [whole_node("n0")],
+        [job("x2", user="x", count=2, at=0)],
+        teams=[Team("a", member_limit=1.0, member_limits={"x": 3.0})],
+    )
+    decisions = decide(snap)
+    assert codes(decisions) == {"x2": "MEMBER_LIMIT"}
+    assert decisions.pending[0].reason.numbers == {"used": 0.0, "limit": 1.0, "needs": 2.0}
+
+
+def test_limit_of_is_the_smaller_of_the_two() -> None:
+    team = Team("a", member_limit=2.0, member_limits={"x": 0.5, "y": 4.0})
+    assert (team.limit_of("x"), team.limit_of("y"), team.limit_of("z")) == (0.5, 2.0, 2.0)
+    alone = Team("b", member_limits={"x": 0.5})
+    assert (alone.limit_of("x"), alone.limit_of("z")) == (0.5, None)
+    assert alone.limits_members() and not Team("c").limits_members()
