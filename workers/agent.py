@@ -446,7 +446,9 @@ class Agent:
 
 
 def make_celery_app(broker_url: str, node: str) -> Celery:
-    app = Celery("portal-agent", broker=broker_url, set_as_current=False)
+    # No fixups: Celery's Django fixup would set the portal up inside the agent whenever
+    # DJANGO_SETTINGS_MODULE is in its environment (the agent never loads the portal).
+    app = Celery("portal-agent", broker=broker_url, set_as_current=False, fixups=[])
     queue = node_queue(node)
     app.conf.update(
         task_queues=[Queue(queue, routing_key=queue)],  # type: ignore[no-untyped-call]
