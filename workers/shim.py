@@ -262,12 +262,22 @@ class Shim:
         self.stopped = False
         self.cgroup: Path | None = None  # the job's, while it exists
         self.oom_kills = 0
+        # The agent's end (PDEATHSIG's SIGTERM) can land while the job is being started: after
+        # its fork, before `self.job` is set. It is kept for then, or the job would run on
+        # with nobody to stop it and no record to find it by.
+        self._spawning = False
+        self._gone_while_spawning = False
 
     # Setup ------------------------------------------------------------------------------------
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._agent_gone)
-        write_record(self.attempt_dir, {"shim": os.getpid(), "shim_start": _own_start()})
+        # The uid is recorded from the start: if this shim is killed before it records the
+        # job's group, a restarted agent still finds the job by its uid.
+        uid = self.uid if self.uid is not None else -1
+        write_record(
+            self.attempt_dir, {"shim": os.getpid(), "shim_start": _own_start(), "uid": uid}
+        )
         try:
             request = self._read_request()
             self._check_lease_before_start()
@@ -278,7 +288,11 @@ class Shim:
                     raise ShimError(
                         f"cannot give the job its own network namespace: {exc}"
                     ) from None
-            self.job = self._spawn(request)
+            self._spawning = True
+            try:
+                self.job = self._spawn(request)
+            finally:
+                self._spawning = False
         except ShimError as exc:
             if self.cgroup is not None:
                 remove_cgroup(self.cgroup)
@@ -293,9 +307,11 @@ class Shim:
                 "shim_start": _own_start(),
                 "pgid": pid,
                 "pgid_start": start_time(pid) or 0,
-                "uid": self.uid if self.uid is not None else -1,
+                "uid": uid,
             },
         )
+        if self._gone_while_spawning:
+            self._agent_gone(signal.SIGTERM, None)
         self._reply(f"started {pid}")
         return self._supervise()
 
@@ -471,6 +487,9 @@ class Shim:
         # Once only: the agent's death closes the lifeline and sends PDEATHSIG's SIGTERM at
         # nearly the same moment. A second run, entered by the signal after the first had
         # reaped the job, would find no status left and record exit code 0.
+        if self._spawning:
+            self._gone_while_spawning = True  # `run` comes back here once the job is known
+            return
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if self.job is None:
             os._exit(1)  # nothing started yet

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from workers.shim import ExitRecord, read_exit, read_record
 
 SLEEPER = ["sh", "-c", "sleep 300 & echo $!; wait"]  # prints its grandchild's pid
 POOL = (61000, 61009)
+PROJECT = Path(__file__).resolve().parents[2]
 
 
 def lease_for(path: Path, seconds: float) -> Path:
@@ -471,3 +474,46 @@ def test_a_bad_job_network_names_the_variable_and_the_choices() -> None:
 @pytest.mark.skipif(IS_ROOT, reason="checks the non-root fallback wording")
 def test_the_summary_of_a_non_root_agent_says_run_as_root_to_isolate() -> None:
     assert "run the agent as root to isolate" in isolation_summary(agent_settings())
+
+
+# The agent's end (PDEATHSIG's SIGTERM) landing while the shim starts the job: after the
+# job's fork, before the shim knows its pid. Seen in the 1,000-fault chaos run: the shim left
+# at once, and the job ran to its end beside its own requeued attempt.
+SIGNAL_DURING_SPAWN = """
+import json, os, signal, socket, sys, threading, time
+from workers import shim
+
+class AgentDiesDuringSpawn(shim.Shim):
+    def _spawn(self, request):
+        job = super()._spawn(request)
+        os.kill(os.getpid(), signal.SIGTERM)  # the agent dies now, the job just started
+        time.sleep(0.3)  # the handler runs here, still inside the start
+        return job
+
+agent_end, shim_end = socket.socketpair()
+args = shim.parse_args([f"--fd={shim_end.fileno()}", f"--attempt-dir={sys.argv[1]}",
+                        f"--work-dir={sys.argv[2]}"])
+agent_end.sendall(json.dumps({"command": sys.argv[3:], "env": {"PATH": os.environ["PATH"]}})
+                  .encode() + b"\\n")
+AgentDiesDuringSpawn(args).run()
+"""
+
+
+def test_a_job_started_as_its_agent_dies_is_killed_not_orphaned(tmp_path: Path) -> None:
+    attempt_dir, work_dir = tmp_path / "1-0", tmp_path / "1-0" / "work"
+    work_dir.mkdir(parents=True)
+    pid_file = tmp_path / "job.pid"
+    job = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 300"]
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_DURING_SPAWN, str(attempt_dir), str(work_dir), *job],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 128 + signal.SIGKILL, done.stderr
+    eventually(lambda: pid_file.exists() and pid_file.read_text().strip() != "", within=3)
+    job_pid = int(pid_file.read_text())
+    assert not alive(job_pid)
+    assert read_exit(attempt_dir) == ExitRecord(128 + signal.SIGKILL, True)
+    assert read_record(attempt_dir)["pgid"] == job_pid
