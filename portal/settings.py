@@ -80,6 +80,8 @@ try:
     JOB_MAX_RETRIES = env_int("PORTAL_JOB_MAX_RETRIES", 3, minimum=0)
     # Largest request one job may make, in slices (protects the queue from typos like 800).
     JOB_MAX_GPU_COUNT = env_int("PORTAL_JOB_MAX_GPU_COUNT", 64, minimum=1)
+    # Most jobs one array submit may make (a count, or the product of a sweep's values).
+    ARRAY_MAX = env_int("PORTAL_ARRAY_MAX", 1000, minimum=1)
     # A job's container limits on a node, per GPU unit it holds there (a whole GPU is 1, a
     # 1g MIG slice 1/7), and its process limit; each host's agent refuses more than its own
     # policy file allows (docs/agent.md, "Container policy").
@@ -173,6 +175,27 @@ try:
     NOTIFY_RETRY_S = env_float("PORTAL_NOTIFY_RETRY_S", 10.0, minimum=0.0)
     # Beat re-sends deliveries whose message was lost (overdue this long) this often.
     NOTIFY_SWEEP_S = env_float("PORTAL_NOTIFY_SWEEP_S", 60.0, minimum=1.0)
+
+    # GPU samples from the agents (docs/agent.md, "GPU metrics"): raw for this many hours,
+    # then means over PORTAL_METRICS_MEAN_S, all pruned after PORTAL_METRICS_KEEP_DAYS; beat
+    # rolls them up every PORTAL_METRICS_ROLLUP_S.
+    METRICS_RAW_HOURS = env_float("PORTAL_METRICS_RAW_HOURS", 24.0, minimum=1.0)
+    METRICS_MEAN_S = env_int("PORTAL_METRICS_MEAN_S", 300, minimum=60)
+    METRICS_KEEP_DAYS = env_float("PORTAL_METRICS_KEEP_DAYS", 30.0, minimum=1.0)
+    METRICS_ROLLUP_S = env_float("PORTAL_METRICS_ROLLUP_S", 600.0, minimum=10.0)
+    # A job's latest sample older than this is stale for /metrics: agents sample every
+    # PORTAL_AGENT_METRICS_S and ship every PORTAL_AGENT_METRICS_BATCH_S (30 + 60 s + delays).
+    METRICS_FRESH_S = env_float("PORTAL_METRICS_FRESH_S", 180.0, minimum=1.0)
+    # Idle GPUs (docs/agent.md, "Idle GPUs"), each a default a team may override: a job whose
+    # GPUs stay under IDLE_UTIL_PCT for IDLE_WARN_MINUTES gets a warning (0: no detection);
+    # still idle IDLE_RECLAIM_MINUTES later it is stopped (0: never, the default). Beat looks
+    # every PORTAL_IDLE_CHECK_S.
+    IDLE_UTIL_PCT = env_float("PORTAL_IDLE_UTIL_PCT", 5.0, minimum=0.0)
+    if IDLE_UTIL_PCT > 100:
+        raise ConfigError(f"PORTAL_IDLE_UTIL_PCT={IDLE_UTIL_PCT!r}: expected a number <= 100")
+    IDLE_WARN_MINUTES = env_int("PORTAL_IDLE_WARN_MINUTES", 30, minimum=0)
+    IDLE_RECLAIM_MINUTES = env_int("PORTAL_IDLE_RECLAIM_MINUTES", 0, minimum=0)
+    IDLE_CHECK_S = env_float("PORTAL_IDLE_CHECK_S", 60.0, minimum=5.0)
 except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None
@@ -291,6 +314,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     # A job's notify and the notification settings' events are the same choices: one enum.
     "ENUM_NAME_OVERRIDES": {"NotifyEventEnum": "portal.jobs.models.NOTIFY_EVENTS"},
+    # drf-spectacular's own enum hook, then: objects name all their fields (portal/api/schema.py).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.closed_objects",
+    ],
 }
 
 # Celery: the control plane consumes the "control" queue; each agent consumes "node.<name>".
@@ -349,6 +377,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "portal.notify.sweep",
         "schedule": NOTIFY_SWEEP_S,
         "options": {"queue": "control", "expires": NOTIFY_SWEEP_S},
+    },
+    "gpu-samples-rollup": {
+        "task": "portal.gpu_samples_rollup",
+        "schedule": METRICS_ROLLUP_S,
+        "options": {"queue": "control", "expires": METRICS_ROLLUP_S},
+    },
+    "idle-check": {
+        "task": "portal.idle_check",
+        "schedule": IDLE_CHECK_S,
+        "options": {"queue": "control", "expires": IDLE_CHECK_S},
     },
 }
 

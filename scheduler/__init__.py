@@ -27,6 +27,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
+from scheduler.standing import JobPriority, Standing, TeamStanding, UserStanding
 from scheduler.units import billed_units, decay, mig_units, parse_mig_profile
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Fail",
     "GpuRequest",
     "Job",
+    "JobPriority",
     "Node",
     "Pending",
     "PendingCode",
@@ -52,7 +54,10 @@ __all__ = [
     "Slice",
     "SliceKind",
     "Snapshot",
+    "Standing",
     "Team",
+    "TeamStanding",
+    "UserStanding",
     "billed_units",
     "decay",
     "mig_units",

@@ -8,7 +8,8 @@ The pass reads like Kueue's scheduling cycle, in numbered steps:
                 ``scheduler.nominate``).
 3. Order      - priority class, then the team's and the user's fair-share factor, then age
                 (``scheduler.order``), in two rounds per class: within guarantees first.
-4. Admit      - per job in order: quota and budget (``scheduler.quota``), best-fit placement
+4. Admit      - per job in order: its job array's throttle (``scheduler.arrays``), quota and
+                budget (``scheduler.quota``), best-fit placement
                 (``scheduler.cluster``), else preemption (``scheduler.preempt``), else a
                 backfill reservation (``scheduler.backfill``), else wait.
 5. Explain    - a reason with numbers, a 1-based position and an estimated start for every
@@ -28,6 +29,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Reservation, Timeline, give_back, reserve, set_aside_again
 from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, shape_of
@@ -56,6 +58,7 @@ from scheduler.quota import (
     under_guarantee,
     within_guarantee,
 )
+from scheduler.standing import standing_of
 
 SETTLED: frozenset[str] = frozenset()  # the scope once no job can change a decision any more
 
@@ -174,6 +177,7 @@ class Cycle:
         self.start_largest = {
             pool: buckets.largest() for pool, buckets in self.index.buckets.items()
         }
+        self.arrays = ArrayThrottle(self.snapshot.array_limits, held_list)
         for pool, buckets in self.index.unowned_buckets.items():
             self.start_largest[pool] = buckets.largest()
         self.preemption = Preemption(
@@ -234,6 +238,14 @@ class Cycle:
         if self.first_round and not within_guarantee(c, self.ledger.team.get(job.team, 0.0)):
             self.deferred.append(c)  # it would borrow after all: second round
             return
+        if job.array:
+            # Its array runs as many members as it may: the array's own limit, not a
+            # shortage, so it neither preempts nor reserves (and is never remembered as a
+            # verdict: jobs shaped alike in other arrays are free to go).
+            throttled = self.arrays.blocked(job)
+            if throttled is not None:
+                self.wait(c, *throttled)
+                return
         # A job shaped like one that just failed, with nothing changed since, fails the same
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
@@ -302,6 +314,7 @@ class Cycle:
         end = None if job.time_limit_s is None else self.now + job.time_limit_s
         self.timeline.add(end, slices)
         self.placed.append((job, units, end))
+        self.arrays.placed(job, end)
         held = self.ledger.team.get(job.team, 0.0)
         self.placed_teams.add(job.team)
         self.memo.took(job.team, placement, self.shape)
@@ -443,10 +456,19 @@ class Cycle:
             fair=self.fair,
             placed_teams=self.placed_teams,
             memo=self.memo,
+            arrays=self.arrays,
         )
         return Decisions(
             assign=tuple(self.assign),
             preempt=tuple(self.preempt),
             pending=tuple(explainer.pending([*self.left, *parked])),
             fail=tuple(self.fail),
+            standing=standing_of(
+                self.fair,
+                teams=self.teams,
+                user_usage=self.snapshot.user_usage,
+                capacity=self.shape.total_units,
+                classes=self.config.priority_classes,
+                aging_per_hour=self.config.aging_per_hour,
+            ),
         )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
 
+from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Estimator, Reservation, Timeline
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import Cache, SchedulerConfig
@@ -111,6 +112,7 @@ class Explainer:
         fair: FairShare,
         placed_teams: set[str],
         memo: PassMemo,
+        arrays: ArrayThrottle,
     ) -> None:
         self._explain = config.explain
         self._caches = config.caches
@@ -122,6 +124,7 @@ class Explainer:
         self._fair = fair
         self._placed_teams = placed_teams
         self._memo = memo
+        self._arrays = arrays
         self._etas: dict[str, float | None] = {}
         # The two teams that placed jobs with the highest factors (ties by name): the leader
         # among the others, for a team's FAIR_SHARE numbers, is the first that is not it.
@@ -250,6 +253,10 @@ class Explainer:
         if code in (PendingCode.QUOTA_LIMIT, PendingCode.MEMBER_LIMIT):
             room = self._quota_free_at(entry)
             return None if room is None else max(fit, room)
+        if code is PendingCode.ARRAY_THROTTLE:
+            numbers = entry.numbers
+            place = self._arrays.start(str(numbers["array"]), int(numbers["ahead"]), self._now)
+            return None if place is None else max(fit, place)
         # Behind a FIFO head or a reservation: not before the job it waits for.
         ahead = entry.numbers.get("blocked_by") or entry.numbers.get("reserved_for")
         if ahead is not None:
@@ -409,6 +416,10 @@ def _reason(entry: Left) -> Reason:
             text = f"would delay the reservation of job {n['reserved_for']}"
         else:
             text = f"behind job {n['blocked_by']} in submit order"
+    elif code is PendingCode.ARRAY_THROTTLE:
+        text = f"array {n['array']} runs {n['running']} of at most {n['max_running']}"
+        if n["ahead"]:
+            text += f"; members waiting before this one: {n['ahead']}"
     elif code is PendingCode.WAITING_FOR_PREEMPTION:
         text = f"capacity is being freed ({n['victims']} new victims, grace {_fmt(n['grace_period_s'])} s)"
     elif code is PendingCode.FAIR_SHARE:

@@ -15,6 +15,10 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.standing import Standing
 
 # A MIG instance is worth its compute slices / 7 of a whole GPU.
 MIG_COMPUTE_SLICES_PER_GPU = 7
@@ -108,6 +112,9 @@ class Job:
     # When the job first became eligible to queue (requeued jobs keep their first value so a
     # preempted job keeps its place in the order).
     queued_since: float | None = None
+    # The job array it belongs to ("" = none): ``Snapshot.array_limits`` may cap how many of
+    # an array's members hold slices at once.
+    array: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +170,10 @@ def _empty_states() -> Mapping[str, DependencyState]:
     return MappingProxyType({})
 
 
+def _empty_array_limits() -> Mapping[str, int]:
+    return MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """Everything the core may look at for one pass."""
@@ -175,6 +186,10 @@ class Snapshot:
     user_usage: Mapping[tuple[str, str], float] = field(default_factory=_empty_usage)
     # States of the jobs that pending jobs depend on.
     dependency_states: Mapping[str, DependencyState] = field(default_factory=_empty_states)
+    # Job arrays with a throttle: array -> the most of its members that may hold slices at
+    # once (``max_running``). The members holding slices now are the running jobs whose
+    # ``Job.array`` is that array; an array missing here has no throttle.
+    array_limits: Mapping[str, int] = field(default_factory=_empty_array_limits)
 
 
 # --- decisions -------------------------------------------------------------------------
@@ -192,6 +207,7 @@ class PendingCode(enum.StrEnum):
     FAIR_SHARE = "FAIR_SHARE"  # others come first in the fair-share order
     PRIORITY_NOT_ALLOWED = "PRIORITY_NOT_ALLOWED"
     WAITING_FOR_PREEMPTION = "WAITING_FOR_PREEMPTION"  # victims are in their grace period
+    ARRAY_THROTTLE = "ARRAY_THROTTLE"  # its job array runs its max_running members already
     NOT_EXPLAINED = "NOT_EXPLAINED"  # explanations switched off (simulator replays)
 
 
@@ -242,3 +258,7 @@ class Decisions:
     preempt: tuple[Preempt, ...] = ()
     pending: tuple[Pending, ...] = ()
     fail: tuple[Fail, ...] = ()
+    # The fair-share numbers the pass used (``scheduler.standing``): per team, per member,
+    # and per job the queues considered. None when the pass does not explain or has no fair
+    # share (the FIFO baselines). A report, not a decision: left out of comparisons.
+    standing: Standing | None = field(default=None, compare=False, repr=False)

@@ -75,6 +75,26 @@ def age_key(job: Job) -> AgeKey:
 
 
 @dataclass(slots=True)
+class Journal:
+    """What one pass did to the fair-share standing, kept when the pass explains, for
+    ``scheduler.standing`` to report: E as the pass began, every job in the order the fair
+    queues yielded it, and each charge and each round at its place in that order (the
+    number of jobs yielded before it). Appending is all the pass does with it."""
+
+    team_e: dict[str, float]  # E as the pass began
+    user_e: dict[tuple[str, str], float]
+    held: dict[str, float]  # GPU units held as the pass began (what quota counts)
+    user_held: dict[tuple[str, str], float]
+    history_per_unit: float
+    # (aging boost, age key, candidate), as the queues yielded them.
+    yielded: list[_Entry[Candidate]] = field(default_factory=list)
+    # (place, team, user, billed units): FairShare.charge's arguments.
+    charges: list[tuple[int, str, str, float]] = field(default_factory=list)
+    # (place, class rank, first round: within the guarantees), one per queue.
+    rounds: list[tuple[int, int, bool]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class FairShare:
     """The fair-share standing of teams and users during one pass (E grows as jobs land)."""
 
@@ -86,6 +106,8 @@ class FairShare:
     remember: bool = True
     _team_f: dict[str, float] = field(default_factory=dict)
     _user_f: dict[tuple[str, str], float] = field(default_factory=dict)
+    scale: float = 0.0  # what the teams' fair shares divide: max(capacity, sum of their E)
+    journal: Journal | None = None  # kept when the pass explains (``scheduler.standing``)
 
     def team_factor(self, team: str) -> float:
         found = self._team_f.get(team)
@@ -110,6 +132,9 @@ class FairShare:
         self.user_e[key] = self.user_e.get(key, 0.0) + billed
         self._team_f.pop(team, None)
         self._user_f.pop(key, None)
+        journal = self.journal
+        if journal is not None:
+            journal.charges.append((len(journal.yielded), team, user, billed))
 
 
 def _factor(e: float, fair: float) -> float:
@@ -153,7 +178,7 @@ def fair_share(
         per_user = max(fair, team_e[name]) / len(users)
         for user in users:
             user_fair[(name, user)] = per_user
-    return FairShare(team_e, team_fair, user_e, user_fair, remember)
+    return FairShare(team_e, team_fair, user_e, user_fair, remember, scale=scale)
 
 
 def _weight(teams: Mapping[str, Team], name: str) -> float:
@@ -195,8 +220,10 @@ class FairQueue(Generic[T]):
         *,
         now: float,
         aging_per_hour: float,
+        yielded: list[_Entry[T]] | None = None,
     ) -> None:
         self._fair = fair
+        self._yielded = yielded  # each entry as it is yielded, when given (a ``Journal``)
         aging = aging_per_hour / 3600.0
         entries: list[tuple[AgeKey, str, str, float, T]] = []
         append = entries.append
@@ -241,12 +268,16 @@ class FairQueue(Generic[T]):
         # The factor caches, read directly: a factor is recomputed only after a charge.
         team_f, user_f = fair._team_f, fair._user_f
         heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
+        yielded = self._yielded
         while heap:
             team = teams[heappop(heap)[2]]
             users = team.heap
             user = team.users[users[0][2]]
             jobs = user.jobs
-            yield jobs.popleft()[2]
+            entry = jobs.popleft()
+            if yielded is not None:
+                yielded.append(entry)
+            yield entry[2]
             # The caller has charged the job if it was placed: re-rank its user and team
             # (one heap operation each). Team mates' keys depend only on their own E.
             name = team.name
@@ -371,16 +402,29 @@ class FairShareRules:
                     users = active[job.team] = set()
                 users.add(job.user)
         config = self._config
-        return fair_share(
+        history_per_unit = config.history_weight * decayed_rate(1.0, config.usage_half_life_s)
+        ledger = cycle.ledger
+        fair = fair_share(
             teams=cycle.snapshot.teams,
             active=active,
-            team_held=cycle.ledger.team_billed,
-            user_held=cycle.ledger.user_billed,
+            team_held=ledger.team_billed,
+            user_held=ledger.user_billed,
             user_usage=cycle.snapshot.user_usage,
-            history_per_unit=config.history_weight * decayed_rate(1.0, config.usage_half_life_s),
+            history_per_unit=history_per_unit,
             capacity=cycle.shape.total_units,
             remember=Cache.FACTORS in config.caches,
         )
+        if config.explain:
+            # For the pass's fair-share report (``scheduler.standing``): the standing as it
+            # begins (a few entries per team and user, copied once).
+            fair.journal = Journal(
+                team_e=dict(fair.team_e),
+                user_e=dict(fair.user_e),
+                held=dict(ledger.team),
+                user_held=dict(ledger.user),
+                history_per_unit=history_per_unit,
+            )
+        return fair
 
     def _phases(self, cycle: Cycle, group: list[Candidate]) -> Iterator[list[Candidate]]:
         """One class in two rounds: first the jobs that stay within their team's guarantee,
@@ -403,11 +447,15 @@ class FairShareRules:
         cycle.deferred = []
 
     def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
+        journal = cycle.fair.journal
+        if journal is not None and jobs:
+            journal.rounds.append((len(journal.yielded), jobs[0].rank, cycle.first_round))
         queue = FairQueue(
             ((c.job, c) for c in jobs),
             cycle.fair,
             now=cycle.now,
             aging_per_hour=self._config.aging_per_hour,
+            yielded=journal.yielded if journal is not None else None,
         )
         return Ordered(jobs, queue)
 

@@ -4,7 +4,8 @@
 
 1. Read and validate the settings (a bad variable: one line naming it, exit code 2), take
    the work directory's lock (a second agent on it exits with code 2).
-2. Discover the inventory (NVML, else described) and prepare the MPS directories/daemons.
+2. Discover the inventory (NVML, else described) and prepare the MPS directories/daemons,
+   watched from then on by their own thread (workers.mps).
 3. Recover: reports still in the outbox are sent again; attempts the journal says were running
    are adopted again (containers) or reported `lost` (processes die with their agent). With
    the docker launcher the container watchdog (workers.watchdog) is made sure of first: it
@@ -32,6 +33,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import shutil
 import sys
 import threading
 import time
@@ -53,8 +55,8 @@ from workers.inventory import InventoryError, discover, open_nvml
 from workers.launchers import Launcher, Run
 from workers.launchers.process import process_launcher
 from workers.lease import Lease, lease_path, write_lease
-from workers.metrics import NvmlSampler
-from workers.mps import prepare_mps
+from workers.metrics import MetricsBatch, NvmlSampler
+from workers.mps import CONTROL_BINARY, MpsSupervisor
 from workers.outbox import AttemptJournal, Outbox, report_id
 from workers.protocol import (
     CONTROL_QUEUE,
@@ -205,10 +207,13 @@ class Agent:
         max_skew_s: float = DEFAULT_MAX_SKEW_S,
         outbox_log_bytes: int = 64 * 1024 * 1024,
         sampler: NvmlSampler | None = None,
+        metrics_s: float = 30.0,
+        metrics_batch_s: float = 60.0,
         clock: Callable[[], float] = time.time,
         boot: str | None = None,
         previous_boot: str = "",
         write_lease_file: bool = True,
+        mps: MpsSupervisor | None = None,
     ) -> None:
         self.node = node
         self.inventory = inventory
@@ -217,6 +222,11 @@ class Agent:
         self._key = key
         self._clock = clock
         self._sampler = sampler
+        # GPU samples (workers.metrics): taken every metrics_s, shipped every metrics_batch_s.
+        self.metrics_s = metrics_s
+        self.metrics_batch_s = metrics_batch_s
+        self.metrics = MetricsBatch()
+        self._sampled_at = float("-inf")
         self._max_skew_s = max_skew_s
         self._replays = ReplayGuard(window_s=2 * max_skew_s)
         self.resend_s = resend_s
@@ -231,9 +241,11 @@ class Agent:
             path=lease_path(workdir) if write_lease_file else None,
             clock=clock,
         )
+        # MPS daemons, watched on their own thread; every launch passes their rules first.
+        self.mps = mps
         self.supervisor = Supervisor(
             node=node,
-            launcher=launcher,
+            launcher=mps.watch(launcher) if mps is not None else launcher,
             report=self.report,
             journal=self.journal,
             kill_grace_s=kill_grace_s,
@@ -366,9 +378,8 @@ class Agent:
         """One heartbeat, the resend of unacknowledged reports, then GPU metrics."""
         self._transmit(self.heartbeat())
         self.resend_pending()
-        if self._sampler is not None:
-            for launch in self.supervisor.running_launches():
-                self._send_metrics(launch)
+        self.sample_metrics()
+        self.ship_metrics()
         now = self._clock()
         if now - self._pruned_at >= JOURNAL_PRUNE_EVERY_S:
             # The journal holds up to thousands of entries: not on every heartbeat.
@@ -390,26 +401,48 @@ class Agent:
                 "lease lapsed (no acknowledged heartbeat): fenced %d running attempt(s)", stopped
             )
 
-    def _send_metrics(self, launch: Launch) -> None:
+    def sample_metrics(self) -> int:
+        """Read the GPUs and the running attempts once metrics_s has passed since the last
+        reading (workers.metrics); returns the samples taken."""
+        now = self._clock()
+        if self._sampler is None or now - self._sampled_at < self.metrics_s:
+            return 0
+        self._sampled_at = now
+        processes = {(r.job_id, r.attempt): r for r in self.supervisor.running()}
+        running = [
+            (launch, processes[(launch.job_id, launch.attempt)])
+            for launch in self.supervisor.running_launches()
+            if (launch.job_id, launch.attempt) in processes
+        ]
         try:
-            sample = self._sampler.sample(launch) if self._sampler else None
-            if sample is not None:
-                util, memory_mb = sample
-                self._transmit(
-                    Metrics(
-                        node=self.node,
-                        job_id=launch.job_id,
-                        attempt=launch.attempt,
-                        gpu_util_pct=util,
-                        memory_used_mb=memory_mb,
-                        sampled_at=self._clock(),
-                    )
-                )
+            devices, attempts = self._sampler.sample(
+                inventory=self.inventory, running=running, at=now
+            )
         except Exception:
-            log.exception("metrics for job %s not sent", launch.job_id)
+            log.exception("GPU metrics not sampled")
+            return 0
+        self.metrics.add(devices, attempts)
+        return len(devices) + len(attempts)
+
+    def ship_metrics(self, *, force: bool = False) -> int:
+        """Send the samples taken, in messages of at most METRICS_MAX_SAMPLES, once the
+        oldest is metrics_batch_s old (or at once with `force`); a batch the broker does not
+        take waits for the next round. Returns the messages sent."""
+        oldest = self.metrics.oldest()
+        if oldest is None or (not force and self._clock() - oldest < self.metrics_batch_s):
+            return 0
+        sent = 0
+        while len(self.metrics):
+            devices, attempts = self.metrics.take()
+            message = Metrics(node=self.node, devices=tuple(devices), attempts=tuple(attempts))
+            if not self._transmit(message):
+                self.metrics.restore(devices, attempts)
+                break
+            sent += 1
+        return sent
 
     def start(self, heartbeat_s: float) -> None:
-        """The heartbeat thread and the lease watcher."""
+        """The heartbeat thread, the lease watcher and, with MPS daemons, their watcher."""
 
         def beats() -> None:
             while not self._stopping.is_set():
@@ -427,7 +460,17 @@ class Agent:
                     log.exception("lease check failed")
                 self._stopping.wait(0.2)
 
-        for name, target in (("heartbeat", beats), ("lease", lease_watch)):
+        threads: list[tuple[str, Callable[[], None]]] = [
+            ("heartbeat", beats),
+            ("lease", lease_watch),
+        ]
+        mps = self.mps
+        if mps is not None and mps.supervised:
+            # Every heartbeat period, on a thread of its own: a hung daemon's check (up to its
+            # timeout) never delays a heartbeat.
+            stopping = self._stopping
+            threads.append(("mps", lambda: mps.run_forever(stopping)))
+        for name, target in threads:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -440,6 +483,7 @@ class Agent:
             thread.join(5)
         self._transmit(self.heartbeat())
         self.resend_pending()
+        self.ship_metrics(force=True)
 
 
 # --- the process ------------------------------------------------------------------------------
@@ -576,7 +620,14 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     except (SettingsError, InventoryError) as exc:
         print(f"agent: {exc}", file=sys.stderr)
         return 2
-    daemons = prepare_mps(inventory, settings.mps_root)
+    mps = MpsSupervisor(
+        inventory,
+        settings.mps_root,
+        binary=shutil.which(CONTROL_BINARY) if inventory.driver == "nvml" else None,
+        check_every_s=settings.heartbeat_s,
+        kill_grace_s=settings.kill_grace_s,
+    )
+    mps.prepare()
     nvml, _ = open_nvml() if inventory.driver == "nvml" else (None, "")
     app = make_celery_app(settings.broker_url, settings.node)
     boot, previous_boot = next_boot(settings.workdir)
@@ -594,8 +645,11 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         max_skew_s=settings.max_skew_s,
         outbox_log_bytes=settings.outbox_log_bytes,
         sampler=NvmlSampler(nvml) if nvml is not None else None,
+        metrics_s=settings.metrics_s,
+        metrics_batch_s=settings.metrics_batch_s,
         boot=boot,
         previous_boot=previous_boot,
+        mps=mps,
     )
     if settings.launcher == "docker":
         # Containers outlive the agent: before any is adopted or started, make sure the
@@ -603,7 +657,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         from workers.watchdog import ensure_watchdog
 
         ensure_watchdog(workdir=settings.workdir, node=settings.node)
-    agent.supervisor.recover(adopt_runs(launcher, agent.journal))
+    agent.supervisor.recover(mps.adopted(adopt_runs(launcher, agent.journal), agent.journal))
     register_tasks(app, agent)
     log.info(
         "agent %s (run %s): %d GPUs (%s), launcher %s, queue %s, %d report(s) in the outbox",
@@ -631,7 +685,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         worker.start()
     finally:
         agent.close()
-        daemons.stop()
+        mps.stop()
         if nvml is not None:
             nvml.nvmlShutdown()
     # Celery exits 1 after a Ctrl-C; for the agent SIGINT and SIGTERM are both a clean stop.

@@ -99,9 +99,12 @@ def job_environment(
     launch: Launch, *, mps_root: Path, base: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """`base` (what the launcher passes through, e.g. PATH), then the user's env without the
-    reserved keys, then the slice variables: the agent's values always win."""
+    reserved keys, then the slice variables: the agent's values always win. PYTHONUNBUFFERED=1
+    unless the user set it, so a Python job's prints and tracebacks reach its log in order."""
     env = {k: v for k, v in (base or {}).items() if k not in RESERVED_ENV_KEYS}
     env.update({k: v for k, v in launch.env.items() if k not in RESERVED_ENV_KEYS})
+    if "PYTHONUNBUFFERED" not in launch.env:
+        env["PYTHONUNBUFFERED"] = "1"
     env.update(
         slice_environment(
             launch.devices, job_id=launch.job_id, attempt=launch.attempt, mps_root=mps_root

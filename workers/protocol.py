@@ -52,6 +52,12 @@ LEASE_QUEUE = "control.lease"
 
 # A log chunk carries at most this many bytes of UTF-8 text.
 LOG_CHUNK_MAX_BYTES = 64 * 1024
+# The shape of the GPU samples a `metrics` message carries (`samples_v`): a receiver refuses a
+# version it does not know, so the samples can change without a new protocol version.
+SAMPLES_VERSION = 1
+# One `metrics` message carries at most this many samples, devices and attempts together (a
+# bound on the portal's write cost per message); an agent with more sends several.
+METRICS_MAX_SAMPLES = 2_000
 # One ack names at most this many reports (a heartbeat can settle many at once).
 ACK_MAX_REPORTS = 10_000
 
@@ -98,6 +104,12 @@ NonEmpty = Annotated[str, Meta(min_length=1)]
 # Comparisons refuse NaN and the bounds refuse infinities: JSON has neither.
 Epoch = Annotated[float, Meta(ge=0, le=1e11)]
 Seconds = Annotated[float, Meta(ge=0, le=1e9)]
+# GPU readings (workers.metrics): null wherever NVML cannot tell.
+Percent = Annotated[float, Meta(ge=0, le=100)]
+MegaBytes = Annotated[int, Meta(ge=0, le=2**40)]
+Count = Annotated[int, Meta(ge=0, le=1_000_000)]
+Watts = Annotated[float, Meta(ge=0, le=100_000)]
+Celsius = Annotated[float, Meta(ge=-100, le=300)]
 
 
 def node_queue(node: str) -> str:
@@ -447,20 +459,100 @@ class Heartbeat(_Message, frozen=True, tag="heartbeat", kw_only=True):
             _require(item.node == self.node, f"finished[{i}].node", "must be the heartbeat's node")
 
 
-class Metrics(_Message, frozen=True, tag="metrics", kw_only=True):
-    """GPU use of one attempt over its devices (only where NVML is available).
+class DeviceSample(_Record, frozen=True, kw_only=True):
+    """One reading of one GPU device through NVML at `at`: a whole GPU (also one in MPS mode,
+    whose shares all read the same device), a GPU in MIG mode (its power and temperature) or
+    one of its MIG instances (`uuid` MIG-...). Every value is null where NVML cannot tell: no
+    utilisation on MIG (not supported there), no power or temperature per MIG instance.
+    `processes` counts the compute processes on the device, MPS clients included, once each;
+    `mps_clients` the MPS clients alone (GPUs in MPS mode). `error` is what NVML answered when
+    the device could not be read (a GPU that fell off the bus), else empty."""
 
-    `gpu_util_pct` is the mean utilisation of its whole GPUs, null where NVML cannot tell
-    (MIG instances and MPS shares have no per-slice utilisation counter)."""
+    at: Epoch
+    uuid: Annotated[str, Meta(pattern=r"^(GPU|MIG)-")]
+    sm_util_pct: Percent | None = None
+    mem_util_pct: Percent | None = None
+    memory_used_mb: MegaBytes | None = None
+    memory_total_mb: MegaBytes | None = None
+    processes: Count | None = None
+    mps_clients: Count | None = None
+    power_w: Watts | None = None
+    temperature_c: Celsius | None = None
+    error: Annotated[str, Meta(max_length=200)] = ""
+
+
+class AttemptSample(_Record, frozen=True, kw_only=True):
+    """One attempt's use of its devices at `at` (workers.metrics says how each is read): the
+    mean utilisation, the memory and processes added up, the power of its whole GPUs, their
+    highest temperature. Null where any of its devices cannot tell."""
+
+    at: Epoch
+    job_id: JobId
+    attempt: AttemptNo
+    sm_util_pct: Percent | None = None
+    mem_util_pct: Percent | None = None
+    memory_used_mb: MegaBytes | None = None
+    processes: Count | None = None
+    power_w: Watts | None = None
+    temperature_c: Celsius | None = None
+
+
+class Metrics(_Message, frozen=True, tag="metrics", kw_only=True):
+    """GPU samples of the node (only where NVML is available), in batches: `devices` and
+    `attempts` (at most METRICS_MAX_SAMPLES together), in the shape `samples_v` names.
+
+    The single-sample fields (`job_id`, `attempt`, `gpu_util_pct`, `memory_used_mb`,
+    `sampled_at`: one attempt's latest sample) are what agents sent before batches; the
+    portal still takes them. They come together or not at all (`gpu_util_pct` may be null)."""
 
     TYPE: ClassVar[str] = "metrics"
 
     node: NodeName
-    job_id: JobId
-    attempt: AttemptNo
-    gpu_util_pct: Annotated[float, Meta(ge=0, le=100)] | None
-    memory_used_mb: Annotated[int, Meta(ge=0)]
-    sampled_at: Epoch
+    job_id: JobId | None = None
+    attempt: AttemptNo | None = None
+    gpu_util_pct: Percent | None = None
+    memory_used_mb: MegaBytes | None = None
+    sampled_at: Epoch | None = None
+    samples_v: int = SAMPLES_VERSION
+    devices: Annotated[tuple[DeviceSample, ...], Meta(max_length=METRICS_MAX_SAMPLES)] = ()
+    attempts: Annotated[tuple[AttemptSample, ...], Meta(max_length=METRICS_MAX_SAMPLES)] = ()
+
+    def _check(self) -> None:
+        single = {
+            "job_id": self.job_id,
+            "attempt": self.attempt,
+            "memory_used_mb": self.memory_used_mb,
+            "sampled_at": self.sampled_at,
+        }
+        missing = [name for name, value in single.items() if value is None]
+        if len(missing) < len(single):
+            _require(
+                not missing,
+                missing[0] if missing else "",
+                "a single sample needs job_id, attempt, memory_used_mb and sampled_at together",
+            )
+        else:
+            _require(
+                self.gpu_util_pct is None,
+                "gpu_util_pct",
+                "belongs to a single sample: job_id, attempt, memory_used_mb and sampled_at",
+            )
+            _require(
+                bool(self.devices or self.attempts),
+                "devices",
+                "a metrics message needs samples (devices or attempts) or a single sample",
+            )
+        _require(
+            self.samples_v == SAMPLES_VERSION,
+            "samples_v",
+            f"unsupported samples version {self.samples_v}; this side reads {SAMPLES_VERSION}",
+        )
+        count = len(self.devices) + len(self.attempts)
+        _require(
+            count <= METRICS_MAX_SAMPLES,
+            "devices",
+            f"{count} samples; at most {METRICS_MAX_SAMPLES} in one message",
+        )
 
 
 Message = Launch | Stop | Query | Ack | Heartbeat | Started | LogChunk | Finished | Metrics

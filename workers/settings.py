@@ -60,6 +60,10 @@ class AgentSettings:
     resend_s: float
     max_skew_s: float
     outbox_log_bytes: int
+    # GPU samples through NVML (docs/agent.md, "GPU metrics"): taken every metrics_s, shipped
+    # in batches every metrics_batch_s.
+    metrics_s: float = 30.0
+    metrics_batch_s: float = 60.0
     # The process launcher's isolation of jobs (docs/agent.md, "Process launcher").
     var_dir: Path = Path(".var")
     job_uids: tuple[int, int] | None = DEFAULT_JOB_UIDS
@@ -109,6 +113,8 @@ class AgentSettings:
             outbox_log_bytes=int(
                 _positive(get, "PORTAL_AGENT_OUTBOX_LOG_MB", 64, integer=True) * 1024 * 1024
             ),
+            metrics_s=_positive(get, "PORTAL_AGENT_METRICS_S", 30.0),
+            metrics_batch_s=_positive(get, "PORTAL_AGENT_METRICS_BATCH_S", 60.0),
             var_dir=var_dir.resolve(),
             job_uids=job_uids_from(get("PORTAL_AGENT_JOB_UIDS")),
             job_network=_choice(get, "PORTAL_AGENT_JOB_NETWORK", JOB_NETWORKS),

@@ -429,6 +429,7 @@ class Supervisor:
         reader.join(OUTPUT_DRAIN_S)
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
+        lost = _lost_reason(run)
         stop_reached = _stop_reached(run)
         note = str(getattr(run, "end_note", ""))
         run.release()
@@ -442,6 +443,9 @@ class Supervisor:
                 attempt.stop_note = f"fenced: {fenced}"
             if attempt.stop_reason is not None and (fenced or stop_reached):
                 return _stopped_outcome(attempt)
+            if lost:
+                # What it ran on failed under it (its GPU's MPS daemon died): not its result.
+                return "lost", lost
             # It ended on its own, even if a stop was asked for meanwhile: its result stands
             # (reporting a finished job as stopped would run it again).
             if exit_code == 0:
@@ -573,6 +577,11 @@ def _from_journal(entry: JournalEntry) -> Attempt:
 def _fenced_reason(run: Run) -> str | None:
     fenced = getattr(run, "fenced", None)
     return fenced() if callable(fenced) else None
+
+
+def _lost_reason(run: Run) -> str | None:
+    lost = getattr(run, "lost", None)
+    return lost() if callable(lost) else None
 
 
 def _stop_reached(run: Run) -> bool:

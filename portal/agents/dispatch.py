@@ -127,13 +127,23 @@ def launch_message(job: Job, devices: Sequence[Device], *, node: str, units: flo
         user=job.user.get_username(),
         image=job.image,
         command=tuple(str(arg) for arg in job.command or ()),
-        env={str(k): str(v) for k, v in (job.env or {}).items()},
+        env=launch_env(job),
         devices=tuple(devices),
         time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
         policy=container_policy(job, units=units),
     )
     checked(message)
     return message
+
+
+def launch_env(job: Job) -> dict[str, str]:
+    """The job's env, and for a member of a job array PORTAL_ARRAY_ID and PORTAL_ARRAY_INDEX
+    (a user may not set PORTAL_* names, so these are the portal's own)."""
+    env = {str(k): str(v) for k, v in (job.env or {}).items()}
+    if job.array_id is not None:
+        env["PORTAL_ARRAY_ID"] = str(job.array_id)
+        env["PORTAL_ARRAY_INDEX"] = str(job.array_index)
+    return env
 
 
 def container_policy(job: Job, *, units: float) -> ContainerPolicy:

@@ -1,4 +1,5 @@
-"""What the control plane remembers about talking to agents: sends and the latest samples."""
+"""What the control plane remembers about talking to agents: sends, the latest samples and
+the GPU samples over time."""
 
 from __future__ import annotations
 
@@ -54,6 +55,76 @@ class JobMetrics(models.Model):
 
     def __str__(self) -> str:
         return f"metrics of job {self.job_id}#{self.attempt}"
+
+
+class GpuSampleValues(models.Model):
+    """What one GPU sample holds, raw or a mean (docs/agent.md, "GPU metrics").
+
+    ``period_s`` 0 is one raw sample taken at ``at``; otherwise the row is the mean of the
+    ``samples`` raw samples taken in [``at``, ``at`` + ``period_s``) (portal.agents.gpu_metrics
+    makes those means once the raw samples are a day old). Each value is null where NVML could
+    not tell; a mean averages the values that were there."""
+
+    at = models.DateTimeField()
+    period_s = models.PositiveIntegerField(default=0, help_text="0: a raw sample; else a mean")
+    samples = models.PositiveIntegerField(default=1, help_text="raw samples behind this row")
+    sm_util_pct = models.FloatField(null=True, blank=True)
+    mem_util_pct = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.FloatField(null=True, blank=True)
+    processes = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+
+class JobGpuSample(GpuSampleValues):
+    """One attempt's use of its GPUs over time, as its agent sampled it."""
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.CASCADE, related_name="gpu_samples")
+    attempt = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["job", "attempt", "at"]
+        verbose_name = "job GPU sample"
+        constraints = [
+            # A batch the broker delivered twice is stored once.
+            models.UniqueConstraint(
+                fields=["job", "attempt", "period_s", "at"], name="one_job_gpu_sample_per_time"
+            )
+        ]
+        indexes = [models.Index(fields=["period_s", "at"], name="agents_jobgpusample_age")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}#{self.attempt} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class DeviceGpuSample(GpuSampleValues):
+    """One GPU device of a node over time: a whole GPU (also one in MPS mode, for all of its
+    shares), a GPU in MIG mode or one of its MIG instances (``uuid``)."""
+
+    node = models.ForeignKey("cluster.Node", on_delete=models.CASCADE, related_name="gpu_samples")
+    uuid = models.CharField(max_length=64, help_text="GPU or MIG device UUID")
+    memory_total_mb = models.FloatField(null=True, blank=True)
+    mps_clients = models.FloatField(null=True, blank=True)
+    error = models.CharField(max_length=200, blank=True, help_text="what NVML answered instead")
+
+    class Meta:
+        ordering = ["uuid", "at"]
+        verbose_name = "device GPU sample"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["uuid", "period_s", "at"], name="one_device_gpu_sample_per_time"
+            )
+        ]
+        indexes = [
+            models.Index(fields=["period_s", "at"], name="agents_devgpusample_age"),
+            models.Index(fields=["node", "at"], name="agents_devgpusample_node_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.uuid} at {self.at:%Y-%m-%d %H:%M:%S}"
 
 
 class NodeCredential(models.Model):

@@ -18,6 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, send_queries, send_stop_attempt
+from portal.agents.gpu_metrics import record_gpu_samples
 from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMessage
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
@@ -86,7 +87,7 @@ def handle_report(message: Message, *, now: datetime | None = None) -> Ack | Non
     elif isinstance(message, Finished):
         record_finished(message, now=when)
     elif isinstance(message, Metrics):
-        record_metrics(message)
+        record_metrics(message, now=when)
         return None
     else:
         log.warning("dropped a %s message: agents do not send those", type(message).__name__)
@@ -183,7 +184,13 @@ def record_finished(msg: Finished, *, now: datetime) -> None:
         transaction.on_commit(lambda: send_stop_attempt(node, msg.job_id, attempt, "cancel"))
 
 
-def record_metrics(msg: Metrics) -> None:
+def record_metrics(msg: Metrics, *, now: datetime) -> None:
+    """A batch of GPU samples (portal.agents.gpu_metrics), and the single latest sample of
+    one attempt that agents sent before batches."""
+    if msg.devices or msg.attempts:
+        record_gpu_samples(msg, now=now)
+    if msg.job_id is None or msg.sampled_at is None:
+        return
     holding = Job.objects.filter(
         pk=msg.job_id, attempt=msg.attempt, state__in=HOLDING_STATES
     ).exists()

@@ -10,6 +10,8 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from portal.agents.dispatch import send_ack
+from portal.agents.gpu_metrics import rollup_gpu_samples
+from portal.agents.idle import check_idle_jobs
 from portal.agents.recovery import reap_lost_agents as reap
 from portal.agents.reports import AgentRefused, handle_report
 from portal.agents.trust import claim_nonce, open_report, record_refusal
@@ -62,3 +64,15 @@ def agent_report(envelope: Any) -> str:
 def reap_lost_agents() -> dict[str, int]:
     """Mark agents without a heartbeat lost, requeue their jobs, re-send lost messages."""
     return reap().as_dict()
+
+
+@app.task(name="portal.gpu_samples_rollup", ignore_result=True)
+def gpu_samples_rollup() -> dict[str, int]:
+    """GPU samples older than the raw window become means; the oldest are pruned."""
+    return rollup_gpu_samples(now=timezone.now()).as_dict()
+
+
+@app.task(name="portal.idle_check", ignore_result=True)
+def idle_check() -> dict[str, int]:
+    """Warn running jobs whose GPUs stay idle; stop those the team's settings say to."""
+    return check_idle_jobs(now=timezone.now()).as_dict()

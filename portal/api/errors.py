@@ -76,6 +76,8 @@ def _not_found(context: dict[str, Any]) -> str:
     kwargs = context.get("kwargs") or {}
     if "job_id" in kwargs:
         return f"no job {kwargs['job_id']} among the jobs of your teams"
+    if "array_id" in kwargs:
+        return f"no job array {kwargs['array_id']} among the arrays of your teams"
     if "username" in kwargs and "name" in kwargs:
         return f"no member {kwargs['username']!r} in a team {kwargs['name']!r} of yours"
     if "name" in kwargs:

@@ -103,6 +103,17 @@ class PortalPagination(LimitOffsetPagination):
         allowed = f"a whole number from 1 to {settings.API_MAX_LIMIT}"
         return whole_number(raw, name="limit", low=1, high=settings.API_MAX_LIMIT, allowed=allowed)
 
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        # The bounds get_limit and get_offset check, in the schema too.
+        bounds = {
+            self.limit_query_param: {"minimum": 1, "maximum": settings.API_MAX_LIMIT},
+            self.offset_query_param: {"minimum": 0, "maximum": BIGINT_MAX},
+        }
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            parameter["schema"].update(bounds.get(parameter["name"], {}))
+        return parameters
+
     def get_offset(self, request: Any) -> int:
         raw = request.query_params.get(self.offset_query_param)
         if raw is None or raw.strip() == "":

@@ -77,7 +77,10 @@ class NotificationsUpdateSerializer(serializers.Serializer):
     )
     email = serializers.BooleanField(required=False)
     webhook_url = serializers.CharField(
-        required=False, allow_blank=True, help_text="http:// or https://; empty removes it"
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        help_text="http:// or https://; empty or null removes it",
     )
     rotate_secret = serializers.BooleanField(required=False, help_text="make a new secret")
 
@@ -94,7 +97,10 @@ class TeamWebhookSerializer(serializers.Serializer):
 
 class TeamWebhookUpdateSerializer(serializers.Serializer):
     url = serializers.CharField(
-        required=False, allow_blank=True, help_text="http:// or https://; empty removes it"
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        help_text="http:// or https://; empty or null removes it",
     )
     events = serializers.ListField(
         child=serializers.ChoiceField(choices=NOTIFY_EVENTS), required=False, help_text=EVENTS_HELP

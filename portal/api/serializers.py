@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from portal.jobs.arrays import ArrayView
 from portal.jobs.models import NOTIFY_EVENTS, GpuKind, Job, JobDependency, JobState
 from portal.jobs.selectors import job_slices
+from portal.jobs.validation import TIME_LIMIT_MAX
 from portal.tenants.models import PRIORITY_CLASSES, TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
+from portal.tenants.services import QUOTA_MAX
 
 # --- errors ------------------------------------------------------------------------------
 
@@ -34,9 +38,15 @@ class ErrorSerializer(serializers.Serializer):
 
 class GpuRequestSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=GpuKind.choices)
-    count = serializers.IntegerField(min_value=1, required=False, default=1)
+    # The bounds the submit checks (portal/jobs/validation.py), so the schema tells them too.
+    count = serializers.IntegerField(
+        min_value=1, max_value=settings.JOB_MAX_GPU_COUNT, required=False, default=1
+    )
     min_count = serializers.IntegerField(
-        min_value=1, required=False, help_text="elastic gang: start with at least this many"
+        min_value=1,
+        max_value=settings.JOB_MAX_GPU_COUNT,
+        required=False,
+        help_text="elastic gang: start with at least this many",
     )
     profile = serializers.CharField(required=False, help_text="MIG profile, required for mig")
     model = serializers.CharField(required=False, help_text="GPU model, whole GPUs only")
@@ -46,6 +56,25 @@ class GpuRequestSerializer(serializers.Serializer):
 class DependencySerializer(serializers.Serializer):
     job = serializers.IntegerField(source="depends_on_id")
     kind = serializers.ChoiceField(choices=JobDependency.Kind.choices, default="after_ok")
+
+
+class ArraySpecSerializer(serializers.Serializer):
+    count = serializers.IntegerField(
+        min_value=1, required=False, help_text="members 0..count-1 (PORTAL_ARRAY_MAX at most)"
+    )
+    values = serializers.DictField(
+        child=serializers.ListField(child=serializers.JSONField()),
+        required=False,
+        help_text="a sweep: NAME -> [value, ...] (strings, numbers, booleans); one member per "
+        "combination, in itertools.product order (the last name varies fastest), each "
+        "with its values as env variables",
+    )
+    max_running = serializers.IntegerField(
+        min_value=1,
+        required=False,
+        allow_null=True,
+        help_text="at most this many members hold slices at once (Slurm's %N)",
+    )
 
 
 class JobSubmitSerializer(serializers.Serializer):
@@ -58,7 +87,7 @@ class JobSubmitSerializer(serializers.Serializer):
     env = serializers.DictField(child=serializers.CharField(), required=False)
     gpu = GpuRequestSerializer()
     priority = serializers.ChoiceField(choices=PRIORITY_CLASSES, required=False)
-    time_limit_s = serializers.IntegerField(min_value=1, required=False)
+    time_limit_s = serializers.IntegerField(min_value=1, max_value=TIME_LIMIT_MAX, required=False)
     preemptible = serializers.BooleanField(required=False, default=True)
     depends_on = DependencySerializer(many=True, required=False)
     notify = serializers.ListField(
@@ -67,6 +96,11 @@ class JobSubmitSerializer(serializers.Serializer):
         allow_null=True,
         help_text="events of this job I am told about (start, end, fail, preempt), by my "
         "notification settings' channels; absent or null: my settings' events; []: none",
+    )
+    array = ArraySpecSerializer(
+        required=False,
+        help_text="a job array: count or values (not both), optional max_running; the answer "
+        "is then the array (ArrayDetail), with its jobs' ids",
     )
 
 
@@ -81,7 +115,7 @@ class GpuSerializer(serializers.Serializer):
     model = serializers.CharField(source="gpu_model")
     multi_node = serializers.BooleanField()
 
-    @extend_schema_field(OpenApiTypes.INT)
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_min_count(self, job: Job) -> int | None:
         return job.gpu_min_count or None
 
@@ -107,6 +141,17 @@ def pending_of(job: Job) -> dict[str, Any] | None:
     }
 
 
+class ArrayRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="the job array (GET /api/v1/arrays/<id>/)")
+    index = serializers.IntegerField(help_text="its PORTAL_ARRAY_INDEX")
+
+
+def array_ref_of(job: Job) -> dict[str, int] | None:
+    if job.array_id is None:
+        return None
+    return {"id": job.array_id, "index": job.array_index or 0}
+
+
 class JobSummarySerializer(serializers.Serializer):
     """A job as the list shows it: everything from the job row and its team, user, node."""
 
@@ -125,10 +170,15 @@ class JobSummarySerializer(serializers.Serializer):
     reason = serializers.CharField()
     node = serializers.CharField(source="node.name", allow_null=True, default=None)
     pending = serializers.SerializerMethodField()
+    array = serializers.SerializerMethodField()
 
     @extend_schema_field(PendingSerializer(allow_null=True))
     def get_pending(self, job: Job) -> dict[str, Any] | None:
         return pending_of(job)
+
+    @extend_schema_field(ArrayRefSerializer(allow_null=True))
+    def get_array(self, job: Job) -> dict[str, int] | None:
+        return array_ref_of(job)
 
 
 class SliceSerializer(serializers.Serializer):
@@ -194,6 +244,95 @@ class JobLogSerializer(serializers.Serializer):
     )
 
 
+# --- job arrays --------------------------------------------------------------------------
+
+
+class ArrayMemberSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    index = serializers.IntegerField(source="array_index")
+    state = serializers.ChoiceField(choices=JobState.choices)
+    values = serializers.DictField(
+        child=serializers.CharField(), help_text="its swept values; {} for a plain count"
+    )
+    exit_code = serializers.IntegerField(allow_null=True)
+    pending_code = serializers.CharField(
+        allow_null=True, help_text="while PENDING: why it waits (e.g. ARRAY_THROTTLE)"
+    )
+
+
+class ArrayDetailSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    team = serializers.CharField()
+    user = serializers.CharField()
+    size = serializers.IntegerField()
+    max_running = serializers.IntegerField(allow_null=True, help_text="null: no throttle")
+    values = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()),
+        help_text="the swept values in product order; {} for a plain count",
+    )
+    created_at = serializers.DateTimeField()
+    counts = serializers.DictField(
+        child=serializers.IntegerField(), help_text="members by state (every state listed)"
+    )
+    job_ids = serializers.ListField(
+        child=serializers.IntegerField(), help_text="the members' job ids, by index"
+    )
+    jobs = ArrayMemberSerializer(many=True, help_text="the members, by index")
+    replaced_job_ids = serializers.ListField(
+        child=serializers.IntegerField(), help_text="jobs a resubmit replaced (no longer members)"
+    )
+
+
+class ArrayCancelledSerializer(ArrayDetailSerializer):
+    cancelled = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="jobs cancelled now, or whose agents were asked to stop them",
+    )
+
+
+class ResubmittedSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    from_job = serializers.IntegerField(help_text="the member that failed")
+    job = serializers.IntegerField(help_text="the new job, the member from now on")
+
+
+class ArrayResubmittedSerializer(ArrayDetailSerializer):
+    resubmitted = ResubmittedSerializer(many=True)
+
+
+def array_data(view: ArrayView) -> dict[str, Any]:
+    """An array with its members as the API answers it (``ArrayDetailSerializer``)."""
+    array = view.array
+    data = {
+        "id": array.pk,
+        "name": array.name,
+        "team": array.team.name,
+        "user": array.user.get_username(),
+        "size": array.size,
+        "max_running": array.max_running,
+        "values": {name: list(items) for name, items in array.values},
+        "created_at": array.created_at,
+        "counts": view.counts,
+        "job_ids": [job.pk for job in view.members],
+        "jobs": [
+            {
+                "id": job.pk,
+                "array_index": job.array_index,
+                "state": job.state,
+                "values": view.values_of(job),
+                "exit_code": job.exit_code,
+                "pending_code": (job.pending_code or None)
+                if job.state == JobState.PENDING
+                else None,
+            }
+            for job in view.members
+        ],
+        "replaced_job_ids": [job.pk for job in view.replaced],
+    }
+    return dict(ArrayDetailSerializer(data).data)
+
+
 # --- teams -------------------------------------------------------------------------------
 
 
@@ -233,16 +372,23 @@ class TeamOverviewSerializer(serializers.Serializer):
 
 
 class QuotaUpdateSerializer(serializers.Serializer):
-    weight = serializers.FloatField(min_value=0, required=False)
-    guaranteed_units = serializers.FloatField(min_value=0, required=False)
-    limit_units = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    # Every number from 0 to QUOTA_MAX, as quota_update checks them.
+    weight = serializers.FloatField(min_value=0, max_value=QUOTA_MAX, required=False)
+    guaranteed_units = serializers.FloatField(min_value=0, max_value=QUOTA_MAX, required=False)
+    limit_units = serializers.FloatField(
+        min_value=0, max_value=QUOTA_MAX, required=False, allow_null=True
+    )
     # Plain text in the schema: the same choices as a job's priority, named once (PriorityEnum).
     max_priority = serializers.CharField(
         required=False,
         help_text=f"the team's highest priority class: {', '.join(PRIORITY_CLASSES)}",
     )
-    member_limit_units = serializers.FloatField(min_value=0, required=False, allow_null=True)
-    budget_gpu_hours = serializers.FloatField(min_value=0, required=False, allow_null=True)
+    member_limit_units = serializers.FloatField(
+        min_value=0, max_value=QUOTA_MAX, required=False, allow_null=True
+    )
+    budget_gpu_hours = serializers.FloatField(
+        min_value=0, max_value=QUOTA_MAX, required=False, allow_null=True
+    )
 
 
 # --- tokens ------------------------------------------------------------------------------
@@ -255,7 +401,9 @@ SCOPES_HELP = (
 
 class TokenCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=TOKEN_NAME_MAX_CHARS, help_text="e.g. the notebook")
-    scopes = serializers.ListField(child=serializers.CharField(), help_text=SCOPES_HELP)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TOKEN_SCOPES), min_length=1, help_text=SCOPES_HELP
+    )
     expires_at = serializers.DateTimeField(
         required=False, allow_null=True, help_text="after now; null or absent: never"
     )
@@ -265,7 +413,9 @@ class TokenSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField()
     prefix = serializers.CharField(help_text="the key's first 8 characters, to tell tokens apart")
-    scopes = serializers.ListField(child=serializers.CharField(), help_text=SCOPES_HELP)
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=TOKEN_SCOPES), help_text=SCOPES_HELP
+    )
     expires_at = serializers.DateTimeField(allow_null=True, help_text="null: never")
     expired = serializers.SerializerMethodField(help_text="refused (401) since expires_at")
     last_used_at = serializers.DateTimeField(

@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import serializers, status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
@@ -20,6 +25,7 @@ from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScope
 from portal.api.errors import api_exception_handler
 from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
 from portal.api.serializers import (
+    ArrayDetailSerializer,
     ErrorSerializer,
     JobDetailSerializer,
     JobLogSerializer,
@@ -30,7 +36,9 @@ from portal.api.serializers import (
     TokenCreatedSerializer,
     TokenCreateSerializer,
     TokenSerializer,
+    array_data,
 )
+from portal.jobs.arrays import array_submit, array_view, validate_array_request
 from portal.jobs.models import Job, JobState
 from portal.jobs.selectors import (
     job_get_for_user,
@@ -133,11 +141,28 @@ class JobListView(PortalAPIView, GenericAPIView):
         return self.get_paginated_response(JobSummarySerializer(page, many=True).data)
 
     @extend_schema(
-        summary="Submit a job",
+        summary="Submit a job (or, with array, a job array)",
         request=JobSubmitSerializer,
-        responses={201: JobDetailSerializer, **ERRORS},
+        responses={
+            201: PolymorphicProxySerializer(
+                component_name="Submitted",
+                serializers=[JobDetailSerializer, ArrayDetailSerializer],
+                resource_type_field_name=None,
+                many=False,
+            ),
+            **ERRORS,
+        },
     )
     def post(self, request: Request) -> Response:
+        if isinstance(request.data, dict) and "array" in request.data:
+            # A job array: the answer is the array, with its jobs' ids.
+            array_request = validate_array_request(request.data, user=request.user)
+            array, _ = array_submit(user=request.user, request=array_request)
+            return Response(
+                array_data(array_view(array=array)),
+                status=status.HTTP_201_CREATED,
+                headers={"Location": f"/api/v1/arrays/{array.pk}/"},
+            )
         job_request = validate_job_request(request.data, user=request.user)
         job = job_submit(user=request.user, request=job_request)
         return Response(
@@ -234,13 +259,15 @@ class PlainTextRenderer(BaseRenderer):
 
     def render(
         self, data: Any, accepted_media_type: Any = None, renderer_context: Any = None
-    ) -> bytes:
+    ) -> str:
+        # Text, not bytes: DRF encodes it with the charset, and keeps the Content-Type even for
+        # an empty log (it drops the header of an empty bytes body).
         if isinstance(data, dict) and "log" in data:
-            return str(data["log"]).encode(self.charset)
+            return str(data["log"])
         if isinstance(data, dict) and isinstance(data.get("errors"), dict):
             lines = [f"{field}: {message}" for field, message in data["errors"].items()]
-            return ("\n".join(lines) + "\n").encode(self.charset)
-        return str(data).encode(self.charset)
+            return "\n".join(lines) + "\n"
+        return str(data)
 
 
 class JobLogView(PortalAPIView):

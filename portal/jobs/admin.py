@@ -8,7 +8,15 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 
 from portal.cluster.admin import ReadOnlyAdmin
-from portal.jobs.models import Allocation, Job, JobDependency, JobEvent, JobLogChunk, JobState
+from portal.jobs.models import (
+    Allocation,
+    Job,
+    JobArray,
+    JobDependency,
+    JobEvent,
+    JobLogChunk,
+    JobState,
+)
 from portal.jobs.services import JobActionError, job_cancel
 
 # Owned by the state machine, the scheduler and the agents' reports: never typed in by hand.
@@ -31,6 +39,8 @@ STATE_FIELDS = (
     "pending_numbers",
     "queue_position",
     "estimated_start_at",
+    "array",
+    "array_index",
 )
 # What the job asked for. Editable (by a site admin) only while the job is PENDING; once the
 # scheduler placed it, its slices, charges and the agent's launch were made for exactly this.
@@ -164,6 +174,15 @@ class JobLogChunkAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: Any, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(JobArray)
+class JobArrayAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "team", "user", "size", "max_running", "created_at"]
+    list_filter = ["team"]
+    search_fields = ["=id", "name", "user__username", "team__name"]
+    list_select_related = ["team", "user"]
+    date_hierarchy = "created_at"
 
 
 @admin.register(Allocation)

@@ -47,6 +47,13 @@ OUTCOME_STATES = {
 }
 # End states after which the job is over: they get finished_at and a reason.
 _FINAL_STATES = frozenset({S.SUCCEEDED, S.FAILED, S.TIMED_OUT, S.CANCELLED})
+# The portal's own stop reason for a job whose GPUs stayed idle (portal.agents.idle): a cancel
+# to the agent (the dispatch sends any reason of the portal's own as a cancel), and the job
+# ends CANCELLED with reason IDLE_RECLAIMED, never requeued.
+IDLE_RECLAIM = "idle_reclaim"
+IDLE_RECLAIMED = "IDLE_RECLAIMED"
+# Stop reasons that end the job: whatever the agent reports, it is not run again.
+_ENDING_STOPS = frozenset({"cancel", IDLE_RECLAIM})
 
 
 # --- start ------------------------------------------------------------------------------------
@@ -116,7 +123,7 @@ def end_state_for(outcome: str, stop_reason: str) -> str:
     to stop: a cancel that overtook a preemption ends the job (no requeue), and a preempted
     job that an agent reports merely 'cancelled' is requeued."""
     state = OUTCOME_STATES[outcome]
-    if stop_reason == "cancel" and state in (S.PREEMPTED, S.CANCELLED, S.LOST):
+    if stop_reason in _ENDING_STOPS and state in (S.PREEMPTED, S.CANCELLED, S.LOST):
         return S.CANCELLED
     if stop_reason == "preempt" and state in (S.CANCELLED, S.LOST):
         return S.PREEMPTED
@@ -158,6 +165,8 @@ def attempt_finish(
             now=now,
         )
     detail = error or outcome
+    if to == S.CANCELLED and row[2] == IDLE_RECLAIM:
+        detail = IDLE_RECLAIMED
     fields: dict[str, Any] = {"exit_code": exit_code}
     if to in _FINAL_STATES:
         fields.update(finished_at=min(finished_at, now), reason="" if to == S.SUCCEEDED else detail)
@@ -426,8 +435,9 @@ def attempt_request_stop(
 def attempt_request_stops(
     *, wanted: Sequence[StopWanted], reason: str, at: datetime
 ) -> dict[int, StopAsked]:
-    """Ask holding attempts to stop for ``reason`` (``cancel`` or ``preempt``): the one place
-    that writes ``stop_requested_at`` / ``stop_reason``, each with its event.
+    """Ask holding attempts to stop for ``reason`` (``cancel``, ``preempt`` or
+    ``IDLE_RECLAIM``): the one place that writes ``stop_requested_at`` / ``stop_reason``, each
+    with its event.
 
     Guard: the job is ASSIGNED or RUNNING (at the attempt given); its row is locked (on
     PostgreSQL; SQLite's transactions take the write lock up front) so the read and the write

@@ -37,6 +37,31 @@ class GpuKind(models.TextChoices):
     MPS = "mps"
 
 
+class JobArray(models.Model):
+    """Jobs made by one submit from one request (a sweep, Slurm's ``--array``): member ``i``
+    has ``PORTAL_ARRAY_INDEX=i`` and, for a sweep, the ``i``-th combination of ``values`` in
+    its env. At most ``max_running`` members hold slices at once (None: no throttle)."""
+
+    team = models.ForeignKey("tenants.Team", on_delete=models.PROTECT, related_name="arrays")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="job_arrays"
+    )
+    name = models.CharField(max_length=128)
+    size = models.PositiveIntegerField()
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    # The swept values as [[name, [value, ...]], ...] in the order of the product (a list,
+    # since jsonb keeps no key order); [] for an array of a plain count.
+    values = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "job array"
+
+    def __str__(self) -> str:
+        return f"array {self.pk} {self.name}"
+
+
 class Job(models.Model):
     team = models.ForeignKey("tenants.Team", on_delete=models.PROTECT, related_name="jobs")
     user = models.ForeignKey(
@@ -61,6 +86,12 @@ class Job(models.Model):
     # The events (start, end, fail, preempt) the owner is told about for this job; null: the
     # owner's own notification settings (portal.notify).
     notify = models.JSONField(null=True, blank=True, default=None)
+    # Member ``array_index`` of a job array (a resubmitted member keeps its index: the
+    # newest job of an index is the array's member now).
+    array = models.ForeignKey(
+        JobArray, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.PENDING)
     attempt = models.PositiveIntegerField(default=0, help_text="0 until first assigned")

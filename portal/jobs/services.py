@@ -10,6 +10,7 @@ slices.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,20 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal import agent_messages
-from portal.jobs.attempts import StopAsked, attempt_request_stop
+from portal.jobs.attempts import (
+    StopAsked,
+    StopWanted,
+    attempt_request_stop,
+    attempt_request_stops,
+)
 from portal.jobs.models import HOLDING_STATES, TERMINAL_STATES, Job, JobDependency, JobState
-from portal.jobs.transitions import record_event, record_submission, transition
+from portal.jobs.transitions import (
+    Move,
+    record_event,
+    record_submissions,
+    transition,
+    transition_many,
+)
 from portal.jobs.validation import JobRequest, validate_job_request
 from portal.passes import schedule_pass_on_commit
 from portal.tenants.models import Membership
@@ -48,42 +60,80 @@ class JobActionError(Exception):
     """An action the job's state does not allow (cancelling a finished job, ...)."""
 
 
-def job_submit(*, user: Any, request: JobRequest) -> Job:
+@dataclass(frozen=True, slots=True)
+class ArrayMember:
+    """Where one job of a submit goes in a job array (``portal.jobs.arrays``): the array, the
+    member's index, and its whole env (the request's, plus its sweep's values)."""
+
+    array_id: int
+    index: int
+    env: Mapping[str, str]
+
+
+def job_submit(*, user: Any, request: JobRequest, member: ArrayMember | None = None) -> Job:
     """Store a validated request as a PENDING job and ask for a scheduling pass on commit."""
+    return jobs_submit(user=user, request=request, members=[member])[0]
+
+
+def jobs_submit(
+    *, user: Any, request: JobRequest, members: Sequence[ArrayMember | None]
+) -> list[Job]:
+    """``job_submit`` for one job per entry of ``members`` (None: a job of no array), all in
+    one transaction and a few statements whatever their number (an array's members)."""
     now = timezone.now()
     gpu = request.gpu
     with transaction.atomic():
-        job = Job.objects.create(
-            team=request.team,
-            user=user,
-            name=request.name,
-            image=request.image,
-            command=list(request.command),
-            env=dict(request.env),
-            gpu_kind=gpu.kind.value,
-            gpu_count=gpu.count,
-            gpu_min_count=gpu.min_count,
-            gpu_profile=gpu.profile,
-            gpu_model=gpu.model,
-            multi_node=gpu.multi_node,
-            priority=request.priority,
-            time_limit_s=request.time_limit_s,
-            preemptible=request.preemptible,
-            notify=None if request.notify is None else list(request.notify),
-            state=JobState.PENDING,
-            attempt=0,
-            submitted_at=now,
-            queued_since=now,
+        jobs = Job.objects.bulk_create(
+            Job(
+                team=request.team,
+                user=user,
+                name=request.name,
+                image=request.image,
+                command=list(request.command),
+                env=dict(request.env if member is None else member.env),
+                gpu_kind=gpu.kind.value,
+                gpu_count=gpu.count,
+                gpu_min_count=gpu.min_count,
+                gpu_profile=gpu.profile,
+                gpu_model=gpu.model,
+                multi_node=gpu.multi_node,
+                priority=request.priority,
+                time_limit_s=request.time_limit_s,
+                preemptible=request.preemptible,
+                notify=None if request.notify is None else list(request.notify),
+                array_id=None if member is None else member.array_id,
+                array_index=None if member is None else member.index,
+                state=JobState.PENDING,
+                attempt=0,
+                submitted_at=now,
+                queued_since=now,
+            )
+            for member in members
         )
         JobDependency.objects.bulk_create(
             JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
+            for job in jobs
             for dependency in request.depends_on
         )
         message = "; ".join((f"submitted by {user.get_username()}", *request.notes))
-        record_submission(job.pk, message=message, at=now)
+        record_submissions(
+            [
+                (
+                    job.pk,
+                    message
+                    if job.array_id is None
+                    else f"{message}; member {job.array_index} of array {job.array_id}",
+                )
+                for job in jobs
+            ],
+            at=now,
+        )
         schedule_pass_on_commit()
-    log.info("job %s submitted by %s to team %s", job.pk, user, request.team.name)
-    return job
+    if len(jobs) == 1:
+        log.info("job %s submitted by %s to team %s", jobs[0].pk, user, request.team.name)
+    else:
+        log.info("%s jobs submitted by %s to team %s", len(jobs), user, request.team.name)
+    return jobs
 
 
 @dataclass(frozen=True)
@@ -214,6 +264,72 @@ def _request_cancel_stop(job: Job, who: str) -> bool:
     return True
 
 
+class _Moved(Exception):
+    """A job of a batch left the state the batch was for: roll the batch back."""
+
+
+_CANCEL_COLUMNS = ("finished_at", "reason", *_CLEARED_EXPLANATION)
+
+
+def jobs_cancel(*, jobs: Sequence[Job], user: Any) -> list[int]:
+    """``job_cancel`` for many jobs (a job array's members) in a few statements: the waiting
+    ones with one guarded UPDATE per state, the ones holding slices with one stop request
+    for all. A job that moved meanwhile goes through ``job_cancel`` alone; one that ended
+    (or is about to be requeued) is left as it is. Returns the ids cancelled or asked to
+    stop. Raises ``PermissionDenied`` when ``user`` may not act on one of ``jobs``.
+    """
+    actor = job_actor(user=user)
+    refused = next((job for job in jobs if not actor.may_act(job)), None)
+    if refused is not None:
+        _check_may_act(job=refused, user=user, verb="cancel")  # raises, saying who may
+    who = user.get_username()
+    now = timezone.now()
+    by_state: dict[str, list[tuple[int, int]]] = {}
+    rows = Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("pk", "state", "attempt")
+    for pk, state, attempt in rows:
+        by_state.setdefault(state, []).append((pk, attempt))
+    done: list[int] = []
+    alone: list[int] = []
+    for state in (JobState.PENDING, JobState.HELD):
+        group = by_state.get(state, [])
+        reason = f"cancelled by {who}"
+        moves = [
+            Move(pk, attempt, reason, (now, reason, *_CLEARED_EXPLANATION.values()))
+            for pk, attempt in group
+        ]
+        try:
+            with transaction.atomic():
+                if not transition_many(
+                    moves, to=JobState.CANCELLED, from_state=state, columns=_CANCEL_COLUMNS, at=now
+                ):
+                    raise _Moved
+        except _Moved:
+            alone += [pk for pk, _ in group]
+        else:
+            done += [pk for pk, _ in group]
+    holding = [pk for state in HOLDING_STATES for pk, _ in by_state.get(state, [])]
+    if holding:
+        message = f"cancel requested by {who}"
+        with transaction.atomic():
+            found = attempt_request_stops(
+                wanted=[StopWanted(job_id=pk, message=message) for pk in holding],
+                reason="cancel",
+                at=now,
+            )
+            asked = [pk for pk, what in found.items() if what != StopAsked.NOT_HOLDING]
+            transaction.on_commit(lambda: agent_messages.request_stops(asked))
+        done += asked
+        alone += [pk for pk, what in found.items() if what == StopAsked.NOT_HOLDING]
+    by_pk = {job.pk: job for job in jobs}
+    for pk in alone:
+        try:
+            job_cancel(job=by_pk[pk], user=user)
+        except JobActionError:
+            continue  # it ended meanwhile, or is about to be requeued
+        done.append(pk)
+    return sorted(done)
+
+
 def job_hold(*, job: Job, user: Any) -> Job:
     """Keep a PENDING job from being scheduled until it is released."""
     _check_may_act(job=job, user=user, verb="hold")
@@ -251,7 +367,8 @@ def job_release(*, job: Job, user: Any) -> Job:
 
 
 def job_resubmit(*, job: Job, user: Any, request: JobRequest | None = None) -> Job:
-    """Submit a new job with the request of ``job``, which ended, as ``user``.
+    """Submit a new job with the request of ``job``, which ended, as ``user`` (in the same
+    job array at the same index, for a member of one).
 
     The request is checked again like any submit (the team's limits or the user's teams may
     have changed since); both jobs get an event naming the other. ``request`` is that request
@@ -266,8 +383,14 @@ def job_resubmit(*, job: Job, user: Any, request: JobRequest | None = None) -> J
         )
     if request is None:
         request = validate_job_request(job_request_of(job), user=user)
+    # A member of a job array stays one, at its index (its array's throttle counts it).
+    member = (
+        None
+        if job.array_id is None or job.array_index is None
+        else ArrayMember(array_id=job.array_id, index=job.array_index, env=request.env)
+    )
     with transaction.atomic():
-        new = job_submit(user=user, request=request)
+        new = job_submit(user=user, request=request, member=member)
         who = user.get_username()
         record_event(job.pk, message=f"resubmitted by {who} as job {new.pk}", attempt=job.attempt)
         record_event(new.pk, message=f"resubmitted from job {job.pk}", attempt=0)

@@ -180,8 +180,14 @@ def transition_many(
 
 def record_submission(job_id: int, *, message: str, at: datetime) -> None:
     """A job's first event: it came into being as PENDING (no attempt yet)."""
-    JobEvent.objects.create(
-        job_id=job_id, at=at, from_state="", to_state=S.PENDING, attempt=0, message=message
+    record_submissions([(job_id, message)], at=at)
+
+
+def record_submissions(submitted: Sequence[tuple[int, str]], *, at: datetime) -> None:
+    """``record_submission`` for many jobs (an array's members): (job id, message) each."""
+    JobEvent.objects.bulk_create(
+        JobEvent(job_id=job_id, at=at, from_state="", to_state=S.PENDING, attempt=0, message=text)
+        for job_id, text in submitted
     )
 
 

@@ -103,6 +103,7 @@ DEPENDENCY_KINDS = tuple(JobDependency.Kind.values)
 NAME_MAX = 128
 IMAGE_MAX = 255  # Job.image's column
 TIME_LIMIT_MAX = 2_147_483_647  # Job.time_limit_s is a PositiveIntegerField
+JOB_ID_MAX = 2**63 - 1  # the largest id a job can have (a bigint)
 
 # A container image reference as Docker reads it: [registry[:port]/]name[:tag][@digest].
 _DOMAIN = r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?/)"
@@ -459,8 +460,10 @@ def _depends_on(value: Any, user: Any, errors: dict[str, str]) -> tuple[Dependen
         wanted[job_id] = str(kind)
     if not wanted:
         return ()
+    # An id beyond a bigint is no job (and no database query could take it): unknown too.
+    queried = [job_id for job_id in wanted if job_id <= JOB_ID_MAX]
     visible = dict(
-        Job.objects.filter(pk__in=wanted, team__in=teams_for_user(user=user)).values_list(
+        Job.objects.filter(pk__in=queried, team__in=teams_for_user(user=user)).values_list(
             "pk", "state"
         )
     )

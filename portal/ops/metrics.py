@@ -287,11 +287,11 @@ def _nodes(now: datetime) -> Iterator[Metric]:
 
 
 def _slice_utilisation(now: datetime) -> Metric:
-    """The agents' own samples (``metrics`` reports, kept in JobMetrics): a job's utilisation
-    is the mean over its whole GPUs, so it is given to each slice the job holds. MIG instances
-    and MPS shares have no utilisation counter; a sample older than the agents' lease is
-    stale and left out."""
-    fresh_after = now - timedelta(seconds=settings.AGENT_LEASE_S)
+    """The agents' own samples (``metrics`` reports, the latest kept in JobMetrics): a job's
+    utilisation is the mean over its GPUs, so it is given to each slice the job holds. MIG
+    instances and MPS shares have no utilisation counter; a sample older than
+    PORTAL_METRICS_FRESH_S (agents sample and ship in batches) is stale and left out."""
+    fresh_after = now - timedelta(seconds=settings.METRICS_FRESH_S)
     rows = (
         Allocation.objects.filter(
             released_at__isnull=True,

@@ -13,6 +13,8 @@ that committed between the snapshot and now) is left alone instead of overwritte
               job that still conflicts stays pending.
 4. Pending  - reason, numbers, queue position and estimated start of every job left waiting,
               written only where they changed.
+5. Standing - the fair-share numbers the pass used, per team, member and pending job
+              (``portal.scheduling.fairshare``), replacing the last pass's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from portal.bulk import insert_rows, update_rows
 from portal.jobs.attempts import StopAsked, StopWanted, attempt_request_stops
 from portal.jobs.models import Allocation, Job, JobState
 from portal.jobs.transitions import Move, transition, transition_many
+from portal.scheduling.fairshare import store_standing
 from portal.scheduling.snapshot import LoadedSnapshot
 from scheduler.model import Assign, Decisions, Pending, Preempt
 
@@ -72,6 +75,7 @@ class Applied:
     conflicts: list[int] = field(default_factory=list)
     pending: int = 0  # jobs left pending
     explanations_written: int = 0  # of those, rows whose explanation changed
+    priorities_written: int = 0  # pending jobs with their priority parts (fair share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,9 @@ def apply_decisions(decisions: Decisions, *, loaded: LoadedSnapshot) -> Applied:
     applied.assigned, applied.conflicts = _assign(decisions.assign, loaded, now)
     applied.pending = len(decisions.pending)
     applied.explanations_written = _explain(decisions.pending, loaded)
+    applied.priorities_written = store_standing(
+        decisions.standing, decisions.pending, loaded=loaded
+    )
     return applied
 
 

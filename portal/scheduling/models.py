@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 
@@ -43,3 +44,89 @@ class PassTiming(models.Model):
 
     def __str__(self) -> str:
         return f"pass {self.pk}: {self.snapshot_ms + self.decide_ms + self.apply_ms:.1f} ms"
+
+
+# --- the fair-share numbers of the latest pass (``scheduler.standing``) ------------------
+# What Slurm's ``sshare -l`` and ``sprio`` show, as the core used them in the latest pass:
+# every pass replaces every row (portal/scheduling/fairshare.py), in its own transaction.
+
+
+class FairSharePass(models.Model):
+    """The pass the fair-share rows come from (always row id 1), and the knobs it used."""
+
+    as_of = models.DateTimeField(help_text="the pass's snapshot time")
+    capacity_units = models.FloatField(help_text="GPU units of the nodes the pass saw")
+    scale_units = models.FloatField(
+        help_text="what the teams' fair shares divide: max(capacity, sum of their E)"
+    )
+    history_per_unit = models.FloatField(
+        help_text="decayed GPU-unit-seconds -> units of E: history_weight * ln 2 / half-life"
+    )
+    aging_per_hour = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"fair share as of {self.as_of:%Y-%m-%d %H:%M:%S}"
+
+
+class FairShareTeam(models.Model):
+    """One team's fair-share standing in the latest pass. E and shares in billed units."""
+
+    team = models.OneToOneField(
+        "tenants.Team", on_delete=models.CASCADE, primary_key=True, related_name="+"
+    )
+    weight = models.FloatField()
+    guaranteed_units = models.FloatField()
+    usage_unit_seconds = models.FloatField(help_text="decayed GPU-unit-seconds")
+    held_units = models.FloatField(help_text="GPU units held as the pass began")
+    effective_units = models.FloatField(help_text="E as the pass began")
+    effective_end_units = models.FloatField(help_text="E as the pass ended")
+    fair_units = models.FloatField(null=True, help_text="null: no pending work, not ranked")
+    factor = models.FloatField(null=True, help_text="2 ** (-E / fair) as the pass began")
+    factor_end = models.FloatField(null=True, help_text="as the pass ended")
+    rank = models.PositiveIntegerField(null=True, help_text="1 = the highest factor_end")
+
+    def __str__(self) -> str:
+        return f"fair share of team {self.team_id}"
+
+
+class FairShareMember(models.Model):
+    """One member's standing inside their team in the latest pass."""
+
+    team = models.ForeignKey("tenants.Team", on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    usage_unit_seconds = models.FloatField()
+    held_units = models.FloatField()
+    effective_units = models.FloatField()
+    effective_end_units = models.FloatField()
+    fair_units = models.FloatField(null=True)
+    factor = models.FloatField(null=True)
+    factor_end = models.FloatField(null=True)
+    rank = models.PositiveIntegerField(null=True, help_text="inside the team")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["team", "user"], name="fairshare_member_once")
+        ]
+
+    def __str__(self) -> str:
+        return f"fair share of user {self.user_id} in team {self.team_id}"
+
+
+class JobPriority(models.Model):
+    """The parts of a pending job's place in the order, as the latest pass chose it."""
+
+    job = models.OneToOneField(
+        "jobs.Job", on_delete=models.CASCADE, primary_key=True, related_name="priority_parts"
+    )
+    priority = models.CharField(max_length=16, help_text="the class it was ordered in")
+    class_rank = models.PositiveSmallIntegerField(help_text="0 = the lowest class")
+    within_guarantee = models.BooleanField(help_text="ordered in its class's first round")
+    team_factor = models.FloatField()
+    user_factor = models.FloatField()
+    age_boost = models.FloatField(help_text="aging_per_hour * hours queued")
+
+    class Meta:
+        verbose_name_plural = "job priorities"
+
+    def __str__(self) -> str:
+        return f"priority parts of job {self.job_id}"

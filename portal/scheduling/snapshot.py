@@ -122,6 +122,8 @@ _PENDING_COLUMNS = (
     "preemptible",
     "submitted_at",
     "queued_since",
+    "array_id",
+    "array__max_running",
     "attempt",
 )
 _HOLDING_COLUMNS = (
@@ -178,6 +180,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
     usernames: dict[int, str] = {}
     pending_jobs = []
     pending: dict[int, PendingRow] = {}
+    array_limits: dict[str, int] = {}  # throttled arrays with pending members
     for row in pending_rows:
         (
             pk,
@@ -185,11 +188,15 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
             user_id,
             username,
             *_job_columns,  # read by _JobBuilder.build
+            array_id,
+            max_running,
             attempt,
         ) = row
         usernames[user_id] = username
         pending_jobs.append(jobs.build(pk, team_id, row, depends_on.get(pk, ())))
         pending[pk] = PendingRow(attempt=attempt)
+        if max_running is not None:
+            array_limits[str(array_id)] = max_running
 
     period_start = budget_period_start(now).timestamp()
     running = []
@@ -258,6 +265,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
         running=tuple(running),
         user_usage=user_usage,
         dependency_states=dependency_states,
+        array_limits=array_limits,
     )
     return LoadedSnapshot(
         snapshot=snapshot,
@@ -414,6 +422,8 @@ def _core_job(row: tuple[Any, ...], team: str, depends_on: tuple[Dependency, ...
         preemptible,
         submitted_at,
         queued_since,
+        array_id,
+        _max_running,  # (in Snapshot.array_limits)
         _attempt,
         *_holding,  # a holding row's further columns
     ) = row
@@ -435,4 +445,5 @@ def _core_job(row: tuple[Any, ...], team: str, depends_on: tuple[Dependency, ...
         preemptible=preemptible,
         depends_on=depends_on,
         queued_since=queued_since,
+        array="" if array_id is None else str(array_id),
     )

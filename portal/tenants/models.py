@@ -7,7 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from workers.images import prefix_problem
@@ -97,6 +97,26 @@ class Team(models.Model):
     read_only_rootfs = models.BooleanField(
         default=False,
         help_text="the team's containers get a read-only root filesystem (they write to /scratch)",
+    )
+    # Idle-GPU detection (docs/agent.md, "Idle GPUs"); empty = the site's default.
+    idle_util_pct = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(100.0)],
+        help_text="a job whose GPUs stay under this utilisation (%) is idle; "
+        "empty = PORTAL_IDLE_UTIL_PCT",
+    )
+    idle_warn_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="minutes idle before the job gets a warning; 0 = no idle detection; "
+        "empty = PORTAL_IDLE_WARN_MINUTES",
+    )
+    idle_reclaim_minutes = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="minutes after the warning, still idle, before the job is stopped and its "
+        "slices freed (IDLE_RECLAIMED); 0 = never; empty = PORTAL_IDLE_RECLAIM_MINUTES",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

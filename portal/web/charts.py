@@ -281,3 +281,121 @@ def held_against_guarantee(
         LegendItem("borrowed: held above the guarantee (preemptible)", swatch(chart_id, borrowed)),
     ]
     return mark_safe("".join(parts)), legend
+
+
+# Line styles of ``lines``: each series its own dash pattern and marker as well as colour.
+_DASHES: tuple[str, ...] = ("", "7 4", "2 3", "10 3 2 3")
+_MARKERS: tuple[str, ...] = ("circle", "square", "diamond", "triangle")
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One series of a line chart; None is a gap (nothing known then)."""
+
+    name: str
+    values: Sequence[float | None]
+
+
+def _marker(kind: str, x: float, y: float, colour: str) -> str:
+    if kind == "square":
+        return (
+            f'<rect x="{x - 2.6:.1f}" y="{y - 2.6:.1f}" width="5.2" height="5.2" fill="{colour}"/>'
+        )
+    if kind == "diamond":
+        return (
+            f'<path d="M{x:.1f},{y - 3.4:.1f} L{x + 3.4:.1f},{y:.1f} L{x:.1f},{y + 3.4:.1f} '
+            f'L{x - 3.4:.1f},{y:.1f} Z" fill="{colour}"/>'
+        )
+    if kind == "triangle":
+        return (
+            f'<path d="M{x:.1f},{y - 3.4:.1f} L{x + 3.2:.1f},{y + 2.6:.1f} '
+            f'L{x - 3.2:.1f},{y + 2.6:.1f} Z" fill="{colour}"/>'
+        )
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.8" fill="{colour}"/>'
+
+
+def line_swatch(index: int) -> SafeString:
+    """The legend's sample of line ``index``: its dash pattern and marker."""
+    colour = _colour(index)
+    dash = _DASHES[index % len(_DASHES)]
+    dashed = f' stroke-dasharray="{dash}"' if dash else ""
+    return mark_safe(
+        f'<svg class="swatch" width="28" height="16" viewBox="0 0 28 16" aria-hidden="true">'
+        f'<line x1="1" x2="27" y1="8" y2="8" stroke="{colour}" stroke-width="2"{dashed}/>'
+        f"{_marker(_MARKERS[index % len(_MARKERS)], 14, 8, colour)}</svg>"
+    )
+
+
+def lines(
+    *,
+    chart_id: str,
+    title: str,
+    description: str,
+    positions: Sequence[float],
+    point_titles: Sequence[str],
+    ticks: Sequence[tuple[float, str]],
+    series: Sequence[Line],
+    unit: str,
+    top: float | None = None,
+) -> tuple[SafeString, list[LegendItem]]:
+    """Lines over time: ``positions`` place the points along the x axis (epoch seconds, any
+    increasing numbers), ``ticks`` label it, ``point_titles`` name each point in its markers'
+    ``<title>``. The y axis runs from 0 to ``top`` (else to the largest value, rounded up).
+    A gap (None) breaks a line. Returns the SVG and its legend."""
+    peak = max((v for s in series for v in s.values if v is not None), default=0.0)
+    top, step = axis(top) if top is not None else axis(peak)
+    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+    first = positions[0] if positions else 0.0
+    span = (positions[-1] - first) if len(positions) > 1 else 1.0
+    base_y = TOP + plot_h
+
+    def x_of(position: float) -> float:
+        if len(positions) == 1:
+            return LEFT + plot_w / 2
+        return LEFT + plot_w * (position - first) / span
+
+    def y_of(value: float) -> float:
+        return base_y - plot_h * min(value, top) / top
+
+    parts = [_open(chart_id, title, description), _y_axis(top, step, plot_h, unit)]
+    for position, label in ticks:
+        x = x_of(position)
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{base_y}" y2="{base_y + 4}" stroke="#9aa4b2"/>'
+            f'<text x="{x:.1f}" y="{base_y + 16}" text-anchor="middle" font-size="11" '
+            f'fill="#647084" {FONT}>{escape(label)}</text>'
+        )
+    for index, line in enumerate(series):
+        colour = _colour(index)
+        dash = _DASHES[index % len(_DASHES)]
+        path: list[str] = []
+        pen_down = False
+        for position, value in zip(positions, line.values, strict=True):
+            if value is None:
+                pen_down = False
+                continue
+            path.append(f"{'L' if pen_down else 'M'}{x_of(position):.1f},{y_of(value):.1f}")
+            pen_down = True
+        dashed = f' stroke-dasharray="{dash}"' if dash else ""
+        parts.append(f'<g class="line" data-series="{escape(line.name)}">')
+        if path:
+            parts.append(
+                f'<path d="{" ".join(path)}" fill="none" stroke="{colour}" stroke-width="2"'
+                f"{dashed}/>"
+            )
+        kind = _MARKERS[index % len(_MARKERS)]
+        for position, value, name in zip(positions, line.values, point_titles, strict=True):
+            if value is None:
+                continue
+            text = f"{name}: {line.name} {number(value)} {unit}"
+            parts.append(
+                f"<g><title>{escape(text)}</title>"
+                f"{_marker(kind, x_of(position), y_of(value), colour)}</g>"
+            )
+        parts.append("</g>")
+    parts.append(
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base_y}" y2="{base_y}" stroke="#9aa4b2"/>'
+    )
+    parts.append("</svg>")
+    legend = [LegendItem(line.name, line_swatch(index)) for index, line in enumerate(series)]
+    return mark_safe("".join(parts)), legend

@@ -1,7 +1,18 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.web import cluster, job_actions, members, nodes, notifications, usage, views
+from portal.web import (
+    arrays,
+    cluster,
+    fairshare,
+    job_actions,
+    members,
+    nodes,
+    notifications,
+    usage,
+    views,
+    whatif,
+)
 from portal.web.login import ThrottledLoginView
 
 app_name = "web"
@@ -10,10 +21,18 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("", views.job_list, name="job_list"),
     path("jobs/new/", views.job_submit_view, name="job_submit"),
+    path("jobs/new/what-if/", whatif.job_whatif_view, name="job_whatif"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", job_actions.job_cancel_view, name="job_cancel"),
     path("jobs/<int:job_id>/hold/", job_actions.job_hold_view, name="job_hold"),
     path("jobs/<int:job_id>/release/", job_actions.job_release_view, name="job_release"),
+    path("arrays/<int:array_id>/", arrays.array_detail, name="array_detail"),
+    path("arrays/<int:array_id>/cancel/", arrays.array_cancel_view, name="array_cancel"),
+    path(
+        "arrays/<int:array_id>/resubmit-failed/",
+        arrays.array_resubmit_failed_view,
+        name="array_resubmit_failed",
+    ),
     path("teams/", views.team_list, name="team_list"),
     path("teams/<str:name>/", views.team_detail, name="team_detail"),
     path("teams/<str:name>/quota/", views.team_quota, name="team_quota"),
@@ -34,6 +53,7 @@ urlpatterns = [
         name="team_member_remove",
     ),
     path("cluster/", cluster.cluster_view, name="cluster"),
+    path("fairshare/", fairshare.fairshare_view, name="fairshare"),
     path("usage/", usage.usage_page, name="usage"),
     path("tokens/", views.token_list_view, name="token_list"),
     path("settings/notifications/", notifications.notifications_view, name="notifications"),

@@ -47,6 +47,7 @@ from portal.jobs.services import (
     job_submit,
 )
 from portal.jobs.validation import JobRequestError, validate_job_request
+from portal.scheduling.selectors import job_priority
 from portal.tenants.models import (
     PRIORITY_CLASSES,
     TOKEN_NAME_MAX_CHARS,
@@ -71,6 +72,7 @@ from portal.web.forms import (
     job_request_data,
     quota_form_values,
 )
+from portal.web.job_gpu import job_gpu_context
 from portal.web.team_members import team_members_context
 from portal.web.team_usage import page_report, usage_context
 from scheduler.units import MIG_PROFILES
@@ -339,6 +341,10 @@ def _job_context(request: HttpRequest, job: Job, **extra: Any) -> dict[str, Any]
         "log_truncated": truncated,
         "actions": job_actions_for(job=job, actor=job_actor(user=request.user)),
         "stopping": stopping,
+        # Its place in the queue, in parts, from the latest pass (pending jobs only).
+        "priority": job_priority(job=job),
+        # Run time, GPU-unit-hours, GPU use over time, a failure's last log lines.
+        **job_gpu_context(job=job, log=log, now=timezone.now()),
         **extra,
     }
 

@@ -30,7 +30,7 @@ from stack import PortalStack
 
 from portal.accounting.services import charge_attempt
 from portal.cluster.models import Node, Slice
-from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
+from portal.jobs.models import Allocation, Job, JobArray, JobLogChunk, JobState
 from portal.jobs.services import job_submit
 from portal.jobs.testing import DEMO_PASSWORD, allocate, make_job, make_node, make_team, make_user
 from portal.jobs.validation import validate_job_request
@@ -256,6 +256,7 @@ WEB_ACTIONS = {
     "job_cancel",
     "job_hold",
     "job_release",
+    "job_whatif",  # the submit form's fragment (POST); the submit page shows it
     "team_quota",
     "team_member_add",
     "team_member_role",
@@ -264,6 +265,8 @@ WEB_ACTIONS = {
     "node_cordon",
     "node_uncordon",
     "node_drain",
+    "array_cancel",
+    "array_resubmit_failed",
 }
 
 
@@ -319,6 +322,10 @@ def test_every_page_fits_a_phone_without_sideways_scrolling(
         reason="exited with code 1: ModuleNotFoundError: No module named 'torchvision'",
     )
     token_issue(user=admin, name="laptop notebook")  # a row on the Tokens page
+    sweep = JobArray.objects.create(
+        team=vision, user=admin, name="lr-sweep", size=1, max_running=1, created_at=timezone.now()
+    )
+    Job.objects.filter(pk=pending.pk).update(array=sweep, array_index=0)
     base = live_server.url.rstrip("/")
     pages = {
         "login": "/login/",
@@ -328,12 +335,14 @@ def test_every_page_fits_a_phone_without_sideways_scrolling(
         "team_list": "/teams/",
         "team_detail": f"/teams/{vision.name}/",
         "cluster": "/cluster/",
+        "fairshare": "/fairshare/",
         "usage": "/usage/",
         # The team page asking to confirm a member's removal.
         "team_member_remove": f"/teams/{vision.name}/members/alice/remove/",
         "token_list": "/tokens/",
         "node_list": "/nodes/",
         "notifications": "/settings/notifications/",
+        "array_detail": f"/arrays/{sweep.pk}/",
     }
     web_pages = {pattern.name for pattern in web_urls.urlpatterns} - WEB_ACTIONS
     assert web_pages <= set(pages), f"add {web_pages - set(pages)} to this test"

@@ -251,3 +251,16 @@ def test_the_web_service_refuses_to_start_without_a_secret_key(tmp_path: Path) -
     )
     assert result.returncode == 2
     assert result.stderr.startswith("portal: configuration error: PORTAL_SECRET_KEY is not set")
+
+
+def test_the_agent_has_what_mps_needs_and_says_why() -> None:
+    """The MPS daemons the agent starts must share the host IPC namespace with the job
+    containers (ipc_mode=host), and their pipe directories must sit at the same path inside
+    and outside, under a volume the job containers can mount from the host."""
+    agent = compose_file()["services"]["agent"]
+    assert agent["ipc"] == "host" and agent["init"] is True
+    root = agent["environment"]["PORTAL_AGENT_MPS_ROOT"]
+    same_path = [v.split(":")[0] for v in agent["volumes"] if v.split(":")[0] == v.split(":")[1]]
+    assert any(root.startswith(path + "/") for path in same_path)
+    text = (PROJECT / "docker-compose.yml").read_text()
+    assert "hand their work to through shared memory" in text  # the why, next to ipc: host

@@ -239,7 +239,7 @@ def small_cluster() -> World:
     event(two_gpus, S.RUNNING, S.RUNNING, 1, "preemption asked")  # a note, not a preemption
     stale = make_job(team=vision, user=alice, state=S.RUNNING)
     allocate(stale, ["GPU-node-2-0"])
-    sample_metrics(stale, util=50.0, age_s=60)
+    sample_metrics(stale, util=50.0, age_s=181)  # PORTAL_METRICS_FRESH_S is 180
     event(stale, S.PENDING, S.ASSIGNED, 1)
     second_try = make_job(
         team=vision, user=alice, state=S.RUNNING, attempt=2, gpu_kind="mig", gpu_profile="1g.10gb"

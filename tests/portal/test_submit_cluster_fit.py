@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 
 from portal.cluster.models import Gpu, Node
 from portal.cluster.services import sync_inventory
+from portal.jobs.arrays import validate_array_request
 from portal.jobs.cluster_fit import UNCHECKED_NOTE, match_gpu_model
 from portal.jobs.models import Job, JobEvent, JobState
 from portal.jobs.testing import World, make_node
@@ -470,13 +471,18 @@ def test_every_documented_example_request_is_accepted_by_the_demo_inventory():
         checked[document] = len(requests)
         for data in requests:
             try:
-                request = validate_job_request(data, user=alice)
+                if "array" in data:  # an array submit: the job's fields, then the spec
+                    request = validate_array_request(data, user=alice).job
+                else:
+                    request = validate_job_request(data, user=alice)
             except JobRequestError as error:
                 pytest.fail(f"{document}: {json.dumps(data)} is refused: {error.errors}")
             if request.gpu.model:
                 models.append(request.gpu.model)
 
     # README: the curl body, the notebook call and the inline model example; docs/api.md: the
-    # JSON block, the curl body and the notebook call. pages.md has none today.
-    assert checked == {"README.md": 3, "docs/api.md": 3, "docs/pages.md": 0}
-    assert models == [DEFAULT_MODEL]  # the README's short name, stored as the agent names it
+    # JSON block, the curl body, the what-if's curl body, the array submit and the notebook
+    # call. pages.md has none today.
+    assert checked == {"README.md": 3, "docs/api.md": 5, "docs/pages.md": 0}
+    # The README's and the what-if example's short name, stored as the agent names it.
+    assert models == [DEFAULT_MODEL, DEFAULT_MODEL]

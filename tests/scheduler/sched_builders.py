@@ -73,6 +73,7 @@ def job(
     after_any: Iterable[str] = (),
     preemptible: bool = True,
     queued_since: float | None = None,
+    array: str = "",
 ) -> Job:
     deps = tuple(Dependency(d, DependencyKind.AFTER_OK) for d in after_ok) + tuple(
         Dependency(d, DependencyKind.AFTER_ANY) for d in after_any
@@ -88,6 +89,7 @@ def job(
         preemptible=preemptible,
         depends_on=deps,
         queued_since=queued_since,
+        array=array,
     )
 
 
@@ -110,6 +112,7 @@ def snapshot(
     teams: Sequence[Team] = (),
     user_usage: Mapping[tuple[str, str], float] | None = None,
     dependency_states: Mapping[str, DependencyState] | None = None,
+    array_limits: Mapping[str, int] | None = None,
 ) -> Snapshot:
     known = {t.name: t for t in teams}
     for j in [*pending, *(r.job for r in running_jobs)]:
@@ -121,6 +124,7 @@ def snapshot(
         running=tuple(running_jobs),
         user_usage=dict(user_usage or {}),
         dependency_states=dict(dependency_states or {}),
+        array_limits=dict(array_limits or {}),
     )
 
 

@@ -29,6 +29,7 @@ from scheduler.units import mig_units
 NOW = 10_000.0
 TEAMS = ("a", "b", "c")
 DEPS = ("x", "y")
+ARRAYS = ("A", "B")  # job arrays; a throttled one has a limit in Snapshot.array_limits
 LAYOUTS = (("3g.40gb", "2g.20gb", "2g.20gb"), ("1g.10gb",) * 7, ("7g.80gb",))
 MODELS = ("A100", "H100")
 
@@ -80,6 +81,7 @@ def _job(draw: st.DrawFn, job_id: str, nodes: tuple[Node, ...]) -> Job:
         time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0, 20000.0])),
         preemptible=draw(st.integers(0, 3)) > 0,
         depends_on=tuple(Dependency(d) for d in draw(st.lists(st.sampled_from(DEPS), max_size=1))),
+        array=draw(st.sampled_from(("", "", "", *ARRAYS))),
     )
 
 
@@ -126,7 +128,15 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
             member_limits=draw(st.sampled_from([{}, {}, {}, {"u1": 1.0}, {"u2": 3.0}])),
         )
     states = {d: draw(st.sampled_from(list(DependencyState))) for d in DEPS}
-    return Snapshot(nodes, teams, tuple(pending), tuple(running), dependency_states=states)
+    limits = {a: draw(st.integers(1, 3)) for a in ARRAYS if draw(st.booleans())}
+    return Snapshot(
+        nodes,
+        teams,
+        tuple(pending),
+        tuple(running),
+        dependency_states=states,
+        array_limits=limits,
+    )
 
 
 configs = st.builds(
@@ -226,6 +236,24 @@ def test_victims_are_preemptible_old_enough_and_not_already_going(
 
 @PROPERTY
 @given(snapshots(), configs)
+def test_no_array_runs_more_members_than_its_limit(snap: Snapshot, config: SchedulerConfig) -> None:
+    decisions = schedule(snap, now=NOW, config=config)
+    jobs = {j.id: j for j in snap.pending}
+    before = Counter(r.job.array for r in snap.running)
+    started = Counter(jobs[a.job_id].array for a in decisions.assign)
+    for array, limit in snap.array_limits.items():
+        if before[array] >= limit:
+            assert started[array] == 0
+        else:
+            assert before[array] + started[array] <= limit
+    for p in decisions.pending:
+        if p.reason.code.value == "ARRAY_THROTTLE":
+            array = jobs[p.job_id].array
+            assert before[array] + started[array] >= snap.array_limits[array]
+
+
+@PROPERTY
+@given(snapshots(), configs)
 def test_mps_gpus_never_serve_two_teams(snap: Snapshot, config: SchedulerConfig) -> None:
     decisions = schedule(snap, now=NOW, config=config)
     slices = _slices(snap)
@@ -262,17 +290,7 @@ def test_the_same_input_gives_the_same_decisions(
     assert schedule(snap, now=NOW, config=config) == first
     shuffled = list(snap.pending)
     rng.shuffle(shuffled)  # type: ignore[attr-defined]
-    again = schedule(
-        Snapshot(
-            snap.nodes,
-            snap.teams,
-            tuple(shuffled),
-            snap.running,
-            dependency_states=snap.dependency_states,
-        ),
-        now=NOW,
-        config=config,
-    )
+    again = schedule(replace(snap, pending=tuple(shuffled)), now=NOW, config=config)
     assert (again.assign, again.preempt, again.pending) == (
         first.assign,
         first.preempt,

@@ -3,6 +3,13 @@
 It answers the NVML calls the agent makes, with the shapes pynvml returns (structs with the
 same attribute names, lists, bytes or str), for GPUs the test describes. It is not NVML:
 it only knows what the test tells it.
+
+Where real NVML refuses, so does the fake, with the same error: utilisation rates are not
+supported on a GPU in MIG mode nor on its MIG devices; power and temperature are the physical
+GPU's (not supported on a MIG device handle); a GPU that fell off the bus answers every query
+with GPU_IS_LOST. Processes are pynvml's friendly objects (`pid`, `usedGpuMemory` in bytes or
+None when the driver does not say); on a GPU in MPS mode the compute list holds the MPS server
+and the MPS list its clients.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_UNKNOWN = 999
+NVML_TEMPERATURE_GPU = 0
 
 
 class NVMLError(Exception):
@@ -29,6 +39,8 @@ class NVMLError(Exception):
             NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
             NVML_ERROR_NOT_FOUND: "Not Found",
             NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+            NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+            NVML_ERROR_UNKNOWN: "Unknown Error",
         }.get(self.value, f"NVML error {self.value}")
 
 
@@ -46,6 +58,15 @@ A100_80GB_PROFILES = {
 
 
 @dataclass
+class FakeProcess:
+    """A compute process on a device; `used_mb` None: the driver does not say (as in a
+    container without the host's PID namespace)."""
+
+    pid: int
+    used_mb: int | None = None
+
+
+@dataclass
 class FakeMig:
     uuid: str
     profile_id: int
@@ -55,6 +76,7 @@ class FakeMig:
     memory_mb: int
     name: str  # what nvmlDeviceGetName returns for the MIG device
     used_mb: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +89,14 @@ class FakeGpu:
     mig_slots: list[FakeMig | None] = field(default_factory=list)  # by MIG device index
     used_mb: int = 0
     util_pct: int = 0
+    mem_util_pct: int = 0
+    power_mw: int = 0
+    temperature_c: int = 0
+    processes: list[FakeProcess] = field(default_factory=list)
+    # A GPU whose operator runs MPS: its server (in the compute list) and its clients.
+    mps_server_pid: int | None = None
+    mps_clients: list[FakeProcess] = field(default_factory=list)
+    lost: bool = False  # fell off the bus: every query answers GPU_IS_LOST
 
 
 class FakeNvml:
@@ -133,16 +163,61 @@ class FakeNvml:
         return self._mig(handle).name if handle[0] == "mig" else self._gpu(handle).name
 
     def nvmlDeviceGetMemoryInfo(self, handle: tuple) -> SimpleNamespace:
+        self._readable(handle)
         if handle[0] == "mig":
             mig = self._mig(handle)
             return SimpleNamespace(total=mig.memory_mb * MIB, used=mig.used_mb * MIB)
         gpu = self._gpu(handle)
         return SimpleNamespace(total=gpu.memory_mb * MIB, used=gpu.used_mb * MIB)
 
+    def _readable(self, handle: tuple) -> None:
+        if self._gpu(handle).lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+
     def nvmlDeviceGetUtilizationRates(self, handle: tuple) -> SimpleNamespace:
+        self._readable(handle)
+        gpu = self._gpu(handle)
+        if handle[0] == "mig" or gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)  # not on MIG, nor on a GPU in MIG mode
+        return SimpleNamespace(gpu=gpu.util_pct, memory=gpu.mem_util_pct)
+
+    def nvmlDeviceGetPowerUsage(self, handle: tuple) -> int:
+        """Milliwatts, of the physical GPU."""
+        self._readable(handle)
         if handle[0] == "mig":
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(gpu=self._gpu(handle).util_pct, memory=0)
+        return self._gpu(handle).power_mw
+
+    def nvmlDeviceGetTemperature(self, handle: tuple, sensor: int) -> int:
+        self._readable(handle)
+        if handle[0] == "mig" or sensor != NVML_TEMPERATURE_GPU:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return self._gpu(handle).temperature_c
+
+    @staticmethod
+    def _process_info(process: FakeProcess) -> SimpleNamespace:
+        used = None if process.used_mb is None else process.used_mb * MIB
+        return SimpleNamespace(
+            pid=process.pid, usedGpuMemory=used, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0
+        )
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: tuple) -> list[SimpleNamespace]:
+        self._readable(handle)
+        if handle[0] == "mig":
+            return [self._process_info(p) for p in self._mig(handle).processes]
+        gpu = self._gpu(handle)
+        found = list(gpu.processes)
+        if gpu.mig_enabled:  # the GPU's list holds its MIG devices' processes (root agent)
+            found += [p for mig in gpu.mig_slots if mig is not None for p in mig.processes]
+        if gpu.mps_server_pid is not None:
+            found.append(FakeProcess(pid=gpu.mps_server_pid, used_mb=None))
+        return [self._process_info(p) for p in found]
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: tuple) -> list[SimpleNamespace]:
+        self._readable(handle)
+        if handle[0] == "mig":
+            return []
+        return [self._process_info(p) for p in self._gpu(handle).mps_clients]
 
     # --- MIG --------------------------------------------------------------------------------
 

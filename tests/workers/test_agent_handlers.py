@@ -14,9 +14,6 @@ from pathlib import Path
 import pytest
 from agent_doubles import (
     GPU_0,
-    MIG_1,
-    MIG_SLICE,
-    MPS_SHARE,
     NODE,
     TEST_KEY,
     RecordingSender,
@@ -24,7 +21,7 @@ from agent_doubles import (
     make_launch,
     sealed,
 )
-from fake_nvml import FakeGpu, FakeMig, FakeNvml
+from fake_nvml import FakeGpu, FakeNvml, FakeProcess
 
 from workers.agent import Agent
 from workers.inventory import discover
@@ -35,8 +32,11 @@ from workers.logship import LogMark
 from workers.metrics import NvmlSampler
 from workers.protocol import (
     Ack,
+    AttemptSample,
+    DeviceSample,
     Finished,
     Heartbeat,
+    Inventory,
     LogChunk,
     Message,
     Metrics,
@@ -68,10 +68,11 @@ def make_agent(
     sampler: NvmlSampler | None = None,
     clock: Clock | None = None,
     leased: bool = True,
+    inventory: Inventory | None = None,
 ) -> Agent:
     agent = Agent(
         node=NODE,
-        inventory=discover(NODE, source="described"),
+        inventory=inventory or discover(NODE, source="described"),
         launcher=launcher,
         send=sender,
         workdir=workdir,
@@ -694,58 +695,119 @@ def test_an_agent_refuses_a_report_type_the_portal_never_sends(agent: Agent) -> 
 
 
 def metrics_host() -> FakeNvml:
-    whole = FakeGpu(uuid=GPU_0, used_mb=30000, util_pct=87)
-    whole.mig_slots = [
-        FakeMig(
-            uuid=MIG_1,
-            profile_id=19,
-            gpu_instance_id=9,
-            gpu_slices=1,
-            compute_slices=1,
-            memory_mb=9728,
-            name="MIG 1g.10gb",
-            used_mb=1200,
-        )
-    ]
-    return FakeNvml([whole])
+    return FakeNvml(
+        [
+            FakeGpu(
+                uuid=GPU_0,
+                mig_capable=False,
+                used_mb=30000,
+                util_pct=87,
+                mem_util_pct=41,
+                power_mw=312_500,
+                temperature_c=61,
+                processes=[FakeProcess(pid=4242, used_mb=29000)],
+            )
+        ]
+    )
 
 
-def test_metrics_report_utilisation_and_memory_of_a_whole_gpu(
+def gpu_at(at: float) -> DeviceSample:
+    return DeviceSample(
+        at=at,
+        uuid=GPU_0,
+        sm_util_pct=87.0,
+        mem_util_pct=41.0,
+        memory_used_mb=30000,
+        memory_total_mb=81920,
+        processes=1,
+        power_w=312.5,
+        temperature_c=61.0,
+    )
+
+
+def job_at(at: float) -> AttemptSample:
+    return AttemptSample(
+        at=at,
+        job_id=1,
+        attempt=0,
+        sm_util_pct=87.0,
+        mem_util_pct=41.0,
+        memory_used_mb=30000,
+        processes=1,
+        power_w=312.5,
+        temperature_c=61.0,
+    )
+
+
+def test_metrics_are_sampled_every_metrics_s_and_shipped_in_batches(
     sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    agent = make_agent(sender, launcher, tmp_path, sampler=NvmlSampler(metrics_host()))
+    nvml = metrics_host()
+    clock = Clock()
+    agent = make_agent(
+        sender,
+        launcher,
+        tmp_path,
+        sampler=NvmlSampler(nvml),
+        clock=clock,
+        inventory=discover(NODE, source="nvml", nvml=nvml),
+    )
     launch(agent)
     sender.started()
+    for step in (0, 10, 30, 59):  # samples at +0 and +30; the oldest is not 60 s old yet
+        clock.now = CLOCK + step
+        agent.beat()
+    assert sender.of_type(Metrics) == []
+    clock.now = CLOCK + 60
     agent.beat()
     assert sender.of_type(Metrics) == [
         Metrics(
             node=NODE,
-            job_id=1,
-            attempt=0,
-            gpu_util_pct=87.0,
-            memory_used_mb=30000,
-            sampled_at=CLOCK,
+            devices=tuple(gpu_at(CLOCK + s) for s in (0, 30, 60)),
+            attempts=tuple(job_at(CLOCK + s) for s in (0, 30, 60)),
         )
     ]
     launcher.runs[0].exit(0)
     assert agent.supervisor.join(5)
 
 
-def test_metrics_of_a_mig_slice_have_memory_but_no_utilisation_and_mps_has_none(
+def test_metrics_the_broker_did_not_take_are_sent_with_the_next_batch(
     sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    agent = make_agent(sender, launcher, tmp_path, sampler=NvmlSampler(metrics_host()))
-    deliver(agent, make_launch(["a"], job_id=5, devices=(MIG_SLICE,)))
-    deliver(agent, make_launch(["b"], job_id=6, devices=(MPS_SHARE,)))
-    sender.started(5)
-    sender.started(6)
+    nvml = metrics_host()
+    clock = Clock()
+    agent = make_agent(
+        sender,
+        launcher,
+        tmp_path,
+        sampler=NvmlSampler(nvml),
+        clock=clock,
+        inventory=discover(NODE, source="nvml", nvml=nvml),
+    )
+    launch(agent)
+    sender.started()
+    sender.broken = ConnectionError("broker away")
+    for step in (0, 30, 60):
+        clock.now = CLOCK + step
+        agent.beat()
+    sender.broken = None
+    clock.now = CLOCK + 90
     agent.beat()
-    assert [(m.job_id, m.gpu_util_pct, m.memory_used_mb) for m in sender.of_type(Metrics)] == [
-        (5, None, 1200)
-    ]
-    for run in launcher.runs:
-        run.exit(0)
+    (batch,) = sender.of_type(Metrics)
+    assert [s.at - CLOCK for s in batch.attempts] == [0, 30, 60, 90]
+    assert [s.at - CLOCK for s in batch.devices] == [0, 30, 60, 90]
+    launcher.runs[0].exit(0)
     assert agent.supervisor.join(5)
+
+
+def test_an_agent_without_nvml_sends_no_metrics(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launch(agent)
+    sender.started()
+    agent.beat()
+    agent.ship_metrics(force=True)
+    assert sender.of_type(Metrics) == []
 
 
 def test_log_chunks_are_numbered_per_attempt(

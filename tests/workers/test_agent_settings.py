@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from workers.agent import main
-from workers.inventory import discover
-from workers.mps import prepare_mps
 from workers.settings import AgentSettings, SettingsError
 from workers.signing import KEY_BYTES, key_to_text
 
@@ -197,41 +194,3 @@ def test_the_agent_exits_with_code_2_and_one_line_on_bad_settings(
     err = capsys.readouterr().err
     assert err.startswith(message)
     assert err.count("\n") == 1
-
-
-def test_described_mps_gpus_get_their_pipe_and_log_directories_and_no_daemon(
-    tmp_path: Path,
-) -> None:
-    calls: list[Any] = []
-    inventory = discover("node-m", source="described")
-    daemons = prepare_mps(
-        inventory,
-        tmp_path,
-        which=lambda name: "/usr/bin/" + name,
-        run=lambda *a, **k: calls.append(a),
-    )
-    (mps_gpu,) = [g for g in inventory.gpus if g.mode == "mps"]
-    assert (tmp_path / mps_gpu.uuid / "pipe").is_dir()
-    assert (tmp_path / mps_gpu.uuid / "log").is_dir()
-    assert calls == [] and daemons.environments == []
-
-
-def test_with_a_driver_one_mps_daemon_starts_per_gpu_on_its_own_pipe(tmp_path: Path) -> None:
-    calls: list[tuple[list[str], dict[str, str]]] = []
-    described = discover("node-m", source="described")
-    inventory = described.__class__(hostname="h", driver="nvml", gpus=described.gpus)
-
-    def record(args: list[str], **kwargs: Any) -> None:
-        calls.append((args, kwargs["env"]))
-
-    daemons = prepare_mps(inventory, tmp_path, which=lambda name: f"/usr/bin/{name}", run=record)
-    (mps_gpu,) = [g for g in inventory.gpus if g.mode == "mps"]
-    ((args, env),) = calls
-    assert args == ["/usr/bin/nvidia-cuda-mps-control", "-d"]
-    assert env["CUDA_VISIBLE_DEVICES"] == mps_gpu.uuid
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / mps_gpu.uuid / "pipe")
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(tmp_path / mps_gpu.uuid / "log")
-
-    stops: list[tuple[list[str], str]] = []
-    daemons.stop(run=lambda args, **kwargs: stops.append((args, kwargs["input"])))
-    assert stops == [(["/usr/bin/nvidia-cuda-mps-control"], "quit\n")]

@@ -69,6 +69,7 @@ def test_whole_gpus_are_requested_by_uuid_in_a_confined_container() -> None:
         "image": "python:3.11-slim",
         "command": ["python", "-c", "print(1)"],
         "environment": {
+            "PYTHONUNBUFFERED": "1",
             "CUDA_VISIBLE_DEVICES": f"{GPU_0},{GPU_1}",
             "NVIDIA_VISIBLE_DEVICES": f"{GPU_0},{GPU_1}",
             "PORTAL_JOB_ID": "42",
@@ -128,6 +129,7 @@ def test_mps_shares_get_their_gpu_host_ipc_and_the_pipe_directory_mounted() -> N
     assert request["ipc_mode"] == "host"
     assert request["volumes"] == {**SCRATCH_VOLUME, pipe: {"bind": pipe, "mode": "rw"}}
     assert request["environment"] == {
+        "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": GPU_3,
         "CUDA_MPS_PIPE_DIRECTORY": pipe,
         "CUDA_MPS_LOG_DIRECTORY": f"/var/lib/portal/mps/{GPU_3}/log",

@@ -19,8 +19,10 @@ from workers.protocol import (
     TO_AGENT_TYPES,
     TO_PORTAL_TYPES,
     Ack,
+    AttemptSample,
     ContainerPolicy,
     Device,
+    DeviceSample,
     Finished,
     Gpu,
     Heartbeat,
@@ -210,6 +212,30 @@ EVERY_MESSAGE: list[Message] = [
     ),
     METRICS,
     Metrics(node=NODE, job_id=42, attempt=1, gpu_util_pct=None, memory_used_mb=0, sampled_at=3.0),
+    # A batch of GPU samples (workers.metrics), null where NVML cannot tell.
+    Metrics(
+        node=NODE,
+        devices=(
+            DeviceSample(
+                at=4.0,
+                uuid="GPU-aaaa",
+                sm_util_pct=87.5,
+                mem_util_pct=40.0,
+                memory_used_mb=30000,
+                memory_total_mb=81920,
+                processes=2,
+                mps_clients=1,
+                power_w=312.5,
+                temperature_c=61.0,
+            ),
+            DeviceSample(at=4.0, uuid="MIG-1111", memory_used_mb=9000, processes=0),
+            DeviceSample(at=4.0, uuid="GPU-aaaa", error="NVML: GPU is lost"),
+        ),
+        attempts=(
+            AttemptSample(at=4.0, job_id=42, attempt=1, sm_util_pct=87.5, processes=1),
+            AttemptSample(at=4.0, job_id=44, attempt=0),
+        ),
+    ),
 ]
 
 
@@ -927,7 +953,12 @@ BAD_MESSAGES = [
         "metrics.gpu_util_pct",
         "Expected `float` <= 100.0",
     ),
-    ("metrics-no-util", set_at(METRICS, "gpu_util_pct", DELETE), "metrics.gpu_util_pct", MISSING),
+    (
+        "metrics-half-a-sample",
+        set_at(METRICS, "sampled_at", DELETE),
+        "metrics.sampled_at",
+        "a single sample needs job_id, attempt, memory_used_mb and sampled_at together",
+    ),
     (
         "metrics-memory-neg",
         set_at(METRICS, "memory_used_mb", -1),
@@ -1067,7 +1098,7 @@ BOOLEAN_FOR_NUMBER = [
     (LOG, "seq", "log.seq", "int"),
     (FINISHED, "exit_code", "finished.exit_code", "int | null"),
     (FINISHED, "log_chunks", "finished.log_chunks", "int"),
-    (METRICS, "memory_used_mb", "metrics.memory_used_mb", "int"),
+    (METRICS, "memory_used_mb", "metrics.memory_used_mb", "int | null"),
 ]
 
 

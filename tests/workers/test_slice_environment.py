@@ -125,8 +125,30 @@ def test_user_env_is_kept_but_cannot_override_the_slice_variables() -> None:
     assert job_environment(launch, mps_root=ROOT, base=base) == {
         "PATH": "/usr/bin",
         "SEED": "7",
+        "PYTHONUNBUFFERED": "1",
         "CUDA_VISIBLE_DEVICES": GPU_A,
         "NVIDIA_VISIBLE_DEVICES": GPU_A,
         "PORTAL_JOB_ID": "42",
         "PORTAL_JOB_ATTEMPT": "2",
     }
+
+
+def test_python_output_is_unbuffered_unless_the_user_says_otherwise() -> None:
+    def launch_with(env: dict[str, str]) -> Launch:
+        return Launch(
+            node="node-e",
+            job_id=42,
+            attempt=2,
+            name="n",
+            team="vision",
+            user="alice",
+            image="img",
+            command=("python", "train.py"),
+            env=env,
+            devices=(whole(GPU_A, 0),),
+        )
+
+    host = {"PYTHONUNBUFFERED": ""}  # what the agent's own environment had: not the user's
+    assert job_environment(launch_with({}), mps_root=ROOT, base=host)["PYTHONUNBUFFERED"] == "1"
+    chosen = job_environment(launch_with({"PYTHONUNBUFFERED": ""}), mps_root=ROOT)
+    assert chosen["PYTHONUNBUFFERED"] == ""

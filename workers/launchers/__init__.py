@@ -21,7 +21,9 @@ class Run(Protocol):
     Optional members a launcher's run may have, read by the supervisor when present:
     `notes` (lines for the top of the job's log), `fenced()` (why a watcher stopped it when the
     lease lapsed), `stop_reached()` (whether a stop signal reached it while it ran; absent:
-    assumed) and `end_note` (text added to its result, e.g. an OOM kill)."""
+    assumed), `end_note` (text added to its result, e.g. an OOM kill) and `lost()` (why what
+    it ran on failed under it, e.g. its GPU's MPS daemon died: reported `lost`, not its exit;
+    `workers.mps.MpsRun`)."""
 
     pid: int | None
     container_id: str | None

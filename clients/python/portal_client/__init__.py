@@ -13,6 +13,7 @@ docs/client.md has all of it.
 """
 
 from portal_client.client import (
+    ArraySpec,
     Dependency,
     GpuRequest,
     JobRequest,
@@ -38,6 +39,7 @@ from_env = PortalClient.from_env
 __all__ = [
     "STATES",
     "TERMINAL",
+    "ArraySpec",
     "AuthenticationError",
     "ConfigError",
     "Conflict",

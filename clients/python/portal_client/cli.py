@@ -212,9 +212,32 @@ def _add_submit_flags(parser: argparse.ArgumentParser) -> None:
         help="tell me about this job's events: start, end, fail, preempt, comma separated "
         "('' for none; default: my notification settings)",
     )
+    parser.add_argument(
+        "--array-count",
+        type=_positive_int,
+        metavar="N",
+        help="a job array of N jobs, each with PORTAL_ARRAY_INDEX 0..N-1",
+    )
+    parser.add_argument(
+        "--array-values",
+        action="append",
+        type=_array_values,
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help="a sweep: one job per combination of the values (repeat for more names), each "
+        "with its values as env variables",
+    )
+    parser.add_argument(
+        "--max-running",
+        type=_positive_int,
+        metavar="N",
+        help="a job array runs at most N of its jobs at once (Slurm's %%N)",
+    )
     parser.add_argument("--wait", action="store_true", help="then wait; exit 0/1 by the result")
     parser.add_argument("--follow", action="store_true", help="then print its log as it comes")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print the job id only")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="print the job id (an array's id) only"
+    )
     parser.add_argument(
         "cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command (argv)"
     )
@@ -255,6 +278,8 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     request = _submit_request(args)
+    if "array" in request:
+        return _submit_array(args, request)
     with _client(args) as portal:
         job = portal.submit(**request)
         remember_last_job(job.id)
@@ -271,6 +296,26 @@ def cmd_submit(args: argparse.Namespace) -> int:
             _follow(portal, job.id, attempt=None, poll=1.0, as_json=args.json)
         if args.wait or args.follow:
             return _finish(portal.wait(job.id, progress=_progress_wanted(args)), args)
+    return EXIT_OK
+
+
+def _submit_array(args: argparse.Namespace, request: dict[str, Any]) -> int:
+    if args.wait or args.follow:
+        raise UsageError("--wait and --follow are for one job, not a job array")
+    array = request.pop("array")
+    with _client(args) as portal:
+        made = portal.submit_array(array, **request)
+    if args.quiet:
+        print(made["id"])
+    elif args.json:
+        _print_json(made)
+    else:
+        ids = made["job_ids"]
+        throttle = f", at most {made['max_running']} at once" if made["max_running"] else ""
+        print(
+            f"submitted array {made['id']} {made['name']!r} to team {made['team']}: "
+            f"{len(ids)} jobs {ids[0]}..{ids[-1]}{throttle}"
+        )
     return EXIT_OK
 
 
@@ -567,6 +612,19 @@ def _submit_request(args: argparse.Namespace) -> dict[str, Any]:
         request["depends_on"] = [*(request.get("depends_on") or []), *dependencies]
     if args.notify is not None:
         request["notify"] = [event.strip() for event in args.notify.split(",") if event.strip()]
+    array = dict(request.get("array") or {})
+    if args.array_count is not None:
+        array["count"] = args.array_count
+    if args.array_values:
+        array["values"] = {**(array.get("values") or {}), **dict(args.array_values)}
+    if args.max_running is not None:
+        if not array:
+            raise UsageError(
+                "--max-running is for a job array: add --array-count or --array-values"
+            )
+        array["max_running"] = args.max_running
+    if array:
+        request["array"] = array
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -719,6 +777,14 @@ def _duration(text: str) -> int:
         if seconds > 0:
             return seconds
     raise argparse.ArgumentTypeError(f"{text!r} is not a duration; allowed: 3600, 90m, 2h, 1h30m")
+
+
+def _array_values(text: str) -> tuple[str, list[str]]:
+    name, sep, values = text.partition("=")
+    items = [item.strip() for item in values.split(",") if item.strip()]
+    if not sep or not name.strip() or not items:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=V1,V2,...")
+    return name.strip(), items
 
 
 def _env_pair(text: str) -> tuple[str, str]:

@@ -44,6 +44,15 @@ class Dependency(TypedDict):
     kind: str
 
 
+class ArraySpec(TypedDict, total=False):
+    """A job array: ``count`` members, or one per combination of ``values`` (NAME: [value,
+    ...], set as env variables), at most ``max_running`` of them running at once."""
+
+    count: int
+    values: dict[str, list[str | int | float | bool]]
+    max_running: int
+
+
 class JobRequest(TypedDict, total=False):
     """The body of ``POST /api/v1/jobs/``; the portal checks it and names any bad field."""
 
@@ -119,7 +128,29 @@ class PortalClient:
 
     def submit(self, **job: Unpack[JobRequest]) -> Job:
         """Submit a job; returns it (``state`` PENDING or later). Never retried."""
+        if "array" in job:
+            raise TypeError("submit() makes one job; for a job array use submit_array()")
         return Job(self, self._call("POST", "/jobs/", body=dict(job), retry=False))
+
+    def submit_array(self, array: ArraySpec, **job: Unpack[JobRequest]) -> dict[str, Any]:
+        """Submit a job array (``array={"count": 10, "max_running": 4}`` or ``{"values":
+        {"lr": [0.1, 0.01]}}``); returns it: ``id``, ``job_ids`` (by index), ``counts`` by
+        state, ``jobs``. Each job gets ``PORTAL_ARRAY_INDEX``. Never retried."""
+        body = {**job, "array": dict(array)}
+        return dict(self._call("POST", "/jobs/", body=body, retry=False))
+
+    def array(self, array_id: int) -> dict[str, Any]:
+        """A job array: its members' ids (by index) and states, and counts by state."""
+        return dict(self._call("GET", f"/arrays/{array_id}/"))
+
+    def cancel_array(self, array_id: int) -> dict[str, Any]:
+        """Cancel every member of an array that has not ended; ``cancelled`` lists them."""
+        return dict(self._call("POST", f"/arrays/{array_id}/cancel/"))
+
+    def resubmit_failed(self, array_id: int) -> dict[str, Any]:
+        """A new job for each member that FAILED or TIMED_OUT, at its index; ``resubmitted``
+        lists them (index, from_job, job). Never retried."""
+        return dict(self._call("POST", f"/arrays/{array_id}/resubmit-failed/", retry=False))
 
     def job(self, job_id: int) -> Job:
         """One job: state, why it waits, exit code, slices, events."""
