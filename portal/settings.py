@@ -139,13 +139,9 @@ try:
         "PORTAL_LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")
     ).upper()
     LOG_FORMAT = env_str("PORTAL_LOG_FORMAT", "%(asctime)s %(levelname)s %(name)s: %(message)s")
-except ConfigError as error:
-    sys.stderr.write(f"portal: configuration error: {error}\n")
-    raise SystemExit(2) from None
 
-# Notifications (portal/notify, docs/api.md "Notifications"): e-mail through Django's mail
-# framework, webhooks signed with HMAC-SHA256; the control worker sends both and retries.
-try:
+    # Notifications (portal/notify, docs/api.md "Notifications"): e-mail through Django's mail
+    # framework, webhooks signed with HMAC-SHA256; the control worker sends both and retries.
     # Links in e-mails and webhook bodies point here.
     PUBLIC_URL = env_str("PORTAL_PUBLIC_URL", "http://127.0.0.1:8000").strip().rstrip("/")
     DEFAULT_FROM_EMAIL = SERVER_EMAIL = env_str(
@@ -361,33 +357,19 @@ except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None
 
+
+def _on_control(task: str, every_s: float) -> dict[str, object]:
+    """A beat entry run on the control queue every `every_s`; a run that could not start in
+    time expires and is replaced by the next one, not queued up behind it."""
+    return {"task": task, "schedule": every_s, "options": {"queue": "control", "expires": every_s}}
+
+
 CELERY_BEAT_SCHEDULE = {
-    "schedule-pass": {
-        "task": "portal.schedule_pass",
-        "schedule": SCHEDULE_INTERVAL_S,
-        # A pass that could not run in time is replaced by the next one, not queued up.
-        "options": {"queue": "control", "expires": SCHEDULE_INTERVAL_S},
-    },
-    "reap-lost-agents": {
-        "task": "portal.reap_lost_agents",
-        "schedule": REAP_INTERVAL_S,
-        "options": {"queue": "control", "expires": REAP_INTERVAL_S},
-    },
-    "notify-sweep": {
-        "task": "portal.notify.sweep",
-        "schedule": NOTIFY_SWEEP_S,
-        "options": {"queue": "control", "expires": NOTIFY_SWEEP_S},
-    },
-    "gpu-samples-rollup": {
-        "task": "portal.gpu_samples_rollup",
-        "schedule": METRICS_ROLLUP_S,
-        "options": {"queue": "control", "expires": METRICS_ROLLUP_S},
-    },
-    "idle-check": {
-        "task": "portal.idle_check",
-        "schedule": IDLE_CHECK_S,
-        "options": {"queue": "control", "expires": IDLE_CHECK_S},
-    },
+    "schedule-pass": _on_control("portal.schedule_pass", SCHEDULE_INTERVAL_S),
+    "reap-lost-agents": _on_control("portal.reap_lost_agents", REAP_INTERVAL_S),
+    "notify-sweep": _on_control("portal.notify.sweep", NOTIFY_SWEEP_S),
+    "gpu-samples-rollup": _on_control("portal.gpu_samples_rollup", METRICS_ROLLUP_S),
+    "idle-check": _on_control("portal.idle_check", IDLE_CHECK_S),
 }
 
 # Everything to stderr in one format: the portal's loggers, Django's (django.request logs
