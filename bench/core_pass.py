@@ -66,16 +66,17 @@ MIG_LAYOUTS = (
 MPS_SHARES = 4
 
 
-def _nodes(rng: random.Random) -> list[Node]:
+def _nodes(rng: random.Random, count: int) -> list[Node]:
+    """Six in ten nodes of whole GPUs, a quarter split into MIG instances, the rest MPS."""
     nodes: list[Node] = []
-    for n in range(NODES):
+    for n in range(count):
         name = f"node{n:04d}"
         slices: list[Slice] = []
-        if n < 600:
+        if n < count * 6 // 10:
             model = "H100" if n % 3 == 0 else "A100"
             for g in range(GPUS_PER_NODE):
                 slices.append(Slice(f"{name}-g{g}", name, f"g{g}", SliceKind.WHOLE, 1.0, model))
-        elif n < 850:
+        elif n < count * 85 // 100:
             for g in range(GPUS_PER_NODE):
                 for i, profile in enumerate(rng.choice(MIG_LAYOUTS)):
                     units = mig_units(profile)
@@ -202,9 +203,9 @@ def _holding(
     return RunningJob(spec, items[0].node, tuple(i.id for i in items), started, False, preempting)
 
 
-def _pending(rng: random.Random) -> list[Job]:
+def _pending(rng: random.Random, count: int) -> list[Job]:
     jobs: list[Job] = []
-    for k in range(PENDING):
+    for k in range(count):
         roll = rng.random()
         if roll < 0.6:
             kind, count = SliceKind.WHOLE, rng.choice((1, 1, 1, 2, 2, 4, 8))
@@ -219,19 +220,23 @@ def _pending(rng: random.Random) -> list[Job]:
     return jobs
 
 
-def build_snapshot(scenario: str = "steady", seed: int = 7) -> Snapshot:
+def build_snapshot(
+    scenario: str = "steady", seed: int = 7, *, nodes: int = NODES, pending: int = PENDING
+) -> Snapshot:
+    """The benchmark's cluster and queue (smaller ones for other benchmarks: `nodes`,
+    `pending`); the defaults are the core pass's scenario."""
     rng = random.Random(seed)
-    nodes = _nodes(rng)
+    cluster = _nodes(rng, nodes)
     teams = _teams(rng)
-    held = _running(rng, nodes, teams, SCENARIOS[scenario])
-    pending = _pending(rng)
+    held = _running(rng, cluster, teams, SCENARIOS[scenario])
+    queue = _pending(rng, pending)
     states = {
-        dep.job_id: rng.choice(list(DependencyState)) for job in pending for dep in job.depends_on
+        dep.job_id: rng.choice(list(DependencyState)) for job in queue for dep in job.depends_on
     }
     user_usage = {
         (t, f"{t}-u{u}"): rng.uniform(0, 1e8) for t in teams for u in range(USERS_PER_TEAM)
     }
-    return Snapshot(tuple(nodes), teams, tuple(pending), tuple(held), user_usage, states)
+    return Snapshot(tuple(cluster), teams, tuple(queue), tuple(held), user_usage, states)
 
 
 def _time(snapshot: Snapshot, config: SchedulerConfig, repeats: int, fresh: bool) -> list[float]:

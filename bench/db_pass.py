@@ -41,12 +41,14 @@ def run(repeats: int = 5) -> dict[str, Any]:
     django.setup()
     from django.db import connection
 
+    from bench.core_pass import build_snapshot
+
     with _scratch_database() as vendor:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0, interactive=False)
         now = datetime.now(tz=UTC).replace(microsecond=0)
-        sizes = _populate(now)
+        sizes = _populate(now, build_snapshot())
         connection.close()  # start the timed passes on a fresh connection, as a worker does
         figures = _time_passes(now, repeats)
     return {"database": vendor, **sizes, **figures}
@@ -98,20 +100,21 @@ def _remove_tree(folder: Path) -> None:
 # --- rows for the core benchmark's snapshot -------------------------------------------------------
 
 
-def _populate(now: datetime) -> dict[str, int]:
+def _populate(now: datetime, snapshot: Any) -> dict[str, int]:
+    """Write `snapshot` (a core Snapshot, `bench.core_pass.build_snapshot`) as portal rows:
+    nodes with their keys, GPUs, slices, teams and members, usage, running jobs with their
+    allocations, pending jobs with their dependencies."""
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import transaction
 
-    from bench.core_pass import NOW, build_snapshot
+    from bench.core_pass import NOW
     from portal.accounting.models import UsageBalance
     from portal.agents.models import NodeCredential
     from portal.cluster.models import Gpu, Node, Slice
     from portal.jobs.models import Allocation, Job, JobDependency, JobState
-    from portal.tenants.models import Team
+    from portal.tenants.models import Membership, Team
     from workers.signing import derive_node_key, key_digest, new_salt
-
-    snapshot = build_snapshot()
 
     def at(t: float) -> datetime:
         return now + timedelta(seconds=t - NOW)
@@ -194,6 +197,17 @@ def _populate(now: datetime) -> dict[str, int]:
             [get_user_model()(username=name, password="!") for name in names]
         )
         user_pk = {u.username: u.pk for u in users}
+        Membership.objects.bulk_create(
+            [
+                Membership(team_id=team_pk[team], user_id=user_pk[user])
+                for team, user in sorted(
+                    {(j.team, j.user) for j in snapshot.pending}
+                    | {(r.job.team, r.job.user) for r in snapshot.running}
+                    | set(snapshot.user_usage)
+                )
+            ],
+            batch_size=_BATCH,
+        )
         UsageBalance.objects.bulk_create(
             [
                 UsageBalance(team_id=team_pk[t.name], unit_seconds=t.usage, as_of=now)
