@@ -78,14 +78,6 @@ def idle_policy(
     )
 
 
-def team_idle_policy(team: Team) -> IdlePolicy:
-    return idle_policy(
-        util_pct=team.idle_util_pct,
-        warn_minutes=team.idle_warn_minutes,
-        reclaim_minutes=team.idle_reclaim_minutes,
-    )
-
-
 def busy(util_pct: float) -> Q:
     """The samples that end an idle stretch: utilisation at or over ``util_pct``, or no
     utilisation and a process (or nothing known) on the job's GPUs."""

@@ -20,6 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 
+from portal.accounting.usage import spread_over_bins
 from portal.cluster.models import Gpu, Node, Slice
 from portal.jobs.models import Allocation
 from portal.tenants.selectors import is_site_admin, teams_for_user
@@ -318,14 +319,10 @@ def _spread(
     """Add ``units`` held over ``[begin, end)`` to the unit-hours of each hour it overlaps;
     ``into[0]`` is the hour from ``origin`` (epoch seconds), and nothing counts after
     ``until``."""
-    first, last = max(begin.timestamp(), origin), min(end.timestamp(), until)
-    if units <= 0 or last <= first:
+    if units <= 0:
         return
-    hour = int((first - origin) // 3600)
-    while hour < len(into):
-        start = origin + hour * 3600
-        if start >= last:
-            break
-        overlap = min(last, start + 3600) - max(first, start)
-        into[hour] += units * overlap / 3600.0
-        hour += 1
+    spread = spread_over_bins(
+        begin.timestamp(), min(end.timestamp(), until), first=origin, bin_s=3600.0, bins=len(into)
+    )
+    for hour, seconds in spread:
+        into[hour] += units * seconds / 3600.0

@@ -33,7 +33,7 @@ from portal.accounting.selectors import (
     charges_between,
     gpu_hours_in_period_by_user,
 )
-from portal.accounting.usage import held_per_bin, spread_over_bins
+from portal.accounting.usage import held_per_bin, hold_charge, spread_over_bins
 from portal.jobs.models import HOLDING_STATES, Allocation
 from portal.policy import scheduler_config
 from portal.tenants.models import Membership, Team
@@ -159,7 +159,7 @@ def team_usage_report(
     for charge in running.values():
         counted_from = max(charge.held_from, period_start.timestamp())
         period_by_user[charge.user_id] += (
-            charge.units * max(0.0, now.timestamp() - counted_from) / HOUR_S
+            hold_charge(charge.units, counted_from, now.timestamp()) / HOUR_S
         )
 
     # Per day: each charge spread over the days it covers.

@@ -62,7 +62,7 @@ def attempt_delivery(delivery_id: int, *, attempts: int, now: datetime | None = 
     ).update(attempts=F("attempts") + 1, next_attempt_at=lease)
     if not claimed:
         return Outcome("skipped")
-    delivery = Delivery.objects.select_related("job", "user").get(pk=delivery_id)
+    delivery = Delivery.objects.get(pk=delivery_id)  # the payload holds what a try sends
     try:
         if delivery.channel == Delivery.Channel.EMAIL:
             send_email(delivery)

@@ -221,7 +221,11 @@ def _plan(decision: Assign, attempt: int | None, loaded: LoadedSnapshot) -> _Pla
     nodes = ", ".join(decision.nodes) if decision.nodes else decision.node
     message = f"assigned to {nodes}: {', '.join(decision.slice_ids)}"
     if decision.borrowed:
-        message += " (borrowed capacity: preemptible by reclaim)"
+        # Reclaim never stops a job its user made non-preemptible (``scheduler.preempt``).
+        if expected.preemptible:
+            message += " (borrowed capacity: preemptible by reclaim)"
+        else:
+            message += " (borrowed capacity; not preemptible, so reclaim leaves it running)"
     return _Plan(
         job_id=int(decision.job_id),
         attempt=attempt + 1,

@@ -1,8 +1,9 @@
 """Load the core's ``Snapshot`` from the database in a fixed number of queries.
 
-Eight queries whatever the size of the cluster or the queue (a test pins the count): slices
-with their GPU and node, teams, usage balances, this month's GPU-hours, pending jobs, their
-dependencies, jobs holding slices, and active allocations. Rows are read with
+Nine queries whatever the size of the cluster or the queue (a test pins the count): slices
+with their GPU and node, teams, members with a limit of their own, usage balances, this
+month's GPU-hours, pending jobs, their dependencies, jobs holding slices, and active
+allocations. Rows are read with
 ``values_list`` (no model instances) because a pass reads tens of thousands of them, and each
 row is unpacked into names in the order of its query's column tuple, never indexed. (Unpacking
 a plain tuple is the cheapest way to name its values; a NamedTuple per row made the load
@@ -58,6 +59,12 @@ _DEPENDENCY_STATE = {
     JobState.TIMED_OUT: DependencyState.FAILED,
 }
 
+
+def dependency_state(job_state: str) -> DependencyState:
+    """What a pending job sees of a job it depends on, from that job's state."""
+    return _DEPENDENCY_STATE.get(job_state, DependencyState.WAITING)
+
+
 _TIME_COLUMNS = frozenset(
     {"submitted_at", "queued_since", "assigned_at", "started_at", "stop_requested_at"}
 )
@@ -74,6 +81,7 @@ class Epoch(Func):
 @dataclass(frozen=True, slots=True)
 class PendingRow:
     attempt: int
+    preemptible: bool = True  # whether reclaim may take back capacity it borrows
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +201,9 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
             attempt,
         ) = row
         usernames[user_id] = username
-        pending_jobs.append(jobs.build(pk, team_id, row, depends_on.get(pk, ())))
-        pending[pk] = PendingRow(attempt=attempt)
+        core_job = jobs.build(pk, team_id, row, depends_on.get(pk, ()))
+        pending_jobs.append(core_job)
+        pending[pk] = PendingRow(attempt=attempt, preemptible=core_job.preemptible)
         if max_running is not None:
             array_limits[str(array_id)] = max_running
 

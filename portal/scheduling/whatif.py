@@ -45,7 +45,7 @@ from portal.jobs.validation import JobRequest
 from portal.policy import scheduler_config
 from portal.scheduling.apply import Explanation, explanation_of
 from portal.scheduling.models import SchedulerState
-from portal.scheduling.snapshot import _DEPENDENCY_STATE, LoadedSnapshot, load_snapshot
+from portal.scheduling.snapshot import LoadedSnapshot, dependency_state, load_snapshot
 from portal.tenants.selectors import teams_for_user
 from scheduler import schedule
 from scheduler.cluster import FreeIndex, shape_of
@@ -232,7 +232,7 @@ def _dependency_states(snapshot: Snapshot, request: JobRequest) -> dict[str, Dep
     missing = [d.job_id for d in request.depends_on if str(d.job_id) not in states]
     if missing:
         for pk, state in Job.objects.filter(pk__in=missing).values_list("pk", "state"):
-            states[str(pk)] = _DEPENDENCY_STATE.get(state, DependencyState.WAITING)
+            states[str(pk)] = dependency_state(state)
     return states
 
 

@@ -195,18 +195,7 @@ def member_set_role(*, team: Team, by: Any, username: str, role: Any) -> Members
                     )
                 }
             )
-        Membership.objects.filter(pk=membership.pk).update(role=role)
-        membership.role = role
-        audit_write(
-            team=team,
-            by=by,
-            action=Action.ROLE_CHANGED,
-            at=timezone.now(),
-            subject=username,
-            field="role",
-            old=old,
-            new=role,
-        )
+        _store(membership, "role", role, team=team, by=by, action=Action.ROLE_CHANGED)
     return membership
 
 
@@ -220,21 +209,9 @@ def member_set_limit(*, team: Team, by: Any, username: str, limit_units: Any) ->
         raise MemberError({"limit_units": problem})
     with transaction.atomic():
         membership = _locked_membership(team, username)
-        old = membership.limit_units
-        if old == limit:
+        if membership.limit_units == limit:
             return membership
-        Membership.objects.filter(pk=membership.pk).update(limit_units=limit)
-        membership.limit_units = limit
-        audit_write(
-            team=team,
-            by=by,
-            action=Action.LIMIT_CHANGED,
-            at=timezone.now(),
-            subject=username,
-            field="limit_units",
-            old=old,
-            new=limit,
-        )
+        _store(membership, "limit_units", limit, team=team, by=by, action=Action.LIMIT_CHANGED)
         # The scheduler reads limits on every pass; ask for one so the change shows at once.
         schedule_pass_on_commit()
     return membership
@@ -248,6 +225,26 @@ def _require_admin(by: Any, team: Team) -> None:
         raise PermissionDenied(
             f"only a team admin of {team.name} or a site admin may manage its members"
         )
+
+
+def _store(
+    membership: Membership, field: str, value: Any, *, team: Team, by: Any, action: str
+) -> None:
+    """Set ``field`` of the locked ``membership`` to ``value`` and write the change, old and
+    new, to the team's audit log (inside the caller's transaction)."""
+    old = getattr(membership, field)
+    Membership.objects.filter(pk=membership.pk).update(**{field: value})
+    setattr(membership, field, value)
+    audit_write(
+        team=team,
+        by=by,
+        action=action,
+        at=timezone.now(),
+        subject=membership.user.get_username(),
+        field=field,
+        old=old,
+        new=value,
+    )
 
 
 def _locked_membership(team: Team, username: str) -> Membership:

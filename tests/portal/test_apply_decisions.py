@@ -73,6 +73,22 @@ def test_assign_moves_the_job_to_assigned_with_its_allocations_and_an_event(worl
     )
 
 
+def test_a_borrowing_job_that_is_not_preemptible_is_not_called_preemptible_by_reclaim(world):
+    team, alice = world
+    job = make_job(team=team, user=alice, preemptible=False)
+    decision = Assign(job_id=str(job.pk), node="node-a", slice_ids=("GPU-node-a-0",), borrowed=True)
+
+    applied = apply_decisions(Decisions(assign=(decision,)), loaded=_load())
+
+    assert applied.assigned == [job.pk]
+    job.refresh_from_db()
+    assert (job.state, job.borrowed) == ("ASSIGNED", True)
+    assert job.events.get(to_state="ASSIGNED").message == (
+        "assigned to node-a: GPU-node-a-0 "
+        "(borrowed capacity; not preemptible, so reclaim leaves it running)"
+    )
+
+
 def test_a_slice_already_held_leaves_only_that_job_pending(world):
     team, alice = world
     first = make_job(team=team, user=alice, name="first")
