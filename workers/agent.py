@@ -408,15 +408,9 @@ class Agent:
         if self._sampler is None or now - self._sampled_at < self.metrics_s:
             return 0
         self._sampled_at = now
-        processes = {(r.job_id, r.attempt): r for r in self.supervisor.running()}
-        running = [
-            (launch, processes[(launch.job_id, launch.attempt)])
-            for launch in self.supervisor.running_launches()
-            if (launch.job_id, launch.attempt) in processes
-        ]
         try:
             devices, attempts = self._sampler.sample(
-                inventory=self.inventory, running=running, at=now
+                inventory=self.inventory, running=self.supervisor.running_launches(), at=now
             )
         except Exception:
             log.exception("GPU metrics not sampled")

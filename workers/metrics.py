@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from workers.protocol import (
     METRICS_MAX_SAMPLES,
@@ -56,6 +56,7 @@ NVML_TEMPERATURE_GPU = 0
 BUFFER_MAX_SAMPLES = 50_000
 
 Key = tuple[int, int]
+_N = TypeVar("_N", int, float)
 
 
 class _DeviceGone(Exception):
@@ -253,28 +254,31 @@ def _mps_part(gpu: _Reading | None, key: Key, owner_of: Callable[[int], Key | No
     return part
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
+def _known(values: Sequence[_N | None]) -> list[_N] | None:
+    """The values, or None when there are none or one device cannot tell."""
     if not values or any(v is None for v in values):
         return None
-    return round(sum(v for v in values if v is not None) / len(values), 3)
+    return [v for v in values if v is not None]
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = _known(values)
+    return None if known is None else round(sum(known) / len(known), 3)
 
 
 def _total_int(values: Sequence[int | None]) -> int | None:
-    if not values or any(v is None for v in values):
-        return None
-    return sum(v for v in values if v is not None)
+    known = _known(values)
+    return None if known is None else sum(known)
 
 
 def _total_float(values: Sequence[float | None]) -> float | None:
-    if not values or any(v is None for v in values):
-        return None
-    return round(sum(v for v in values if v is not None), 3)
+    known = _known(values)
+    return None if known is None else round(sum(known), 3)
 
 
 def _highest(values: Sequence[float | None]) -> float | None:
-    if not values or any(v is None for v in values):
-        return None
-    return max(v for v in values if v is not None)
+    known = _known(values)
+    return None if known is None else max(known)
 
 
 @dataclass
@@ -298,16 +302,7 @@ class MetricsBatch:
     def add(self, devices: Iterable[DeviceSample], attempts: Iterable[AttemptSample]) -> None:
         self.devices.extend(devices)
         self.attempts.extend(attempts)
-        while len(self) > self.limit:
-            older = (
-                self.devices if self._older_first(self.devices, self.attempts) else self.attempts
-            )
-            older.popleft()
-            self.dropped += 1
-
-    @staticmethod
-    def _older_first(a: deque[DeviceSample], b: deque[AttemptSample]) -> bool:
-        return bool(a) and (not b or a[0].at <= b[0].at)
+        self._trim()
 
     def take(
         self, max_samples: int = METRICS_MAX_SAMPLES
@@ -327,9 +322,13 @@ class MetricsBatch:
         """Put back a batch that was not sent, ahead of what came since."""
         self.devices.extendleft(reversed(devices))
         self.attempts.extendleft(reversed(attempts))
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest samples (devices before attempts of the same time) down to limit."""
         while len(self) > self.limit:
-            older = (
-                self.devices if self._older_first(self.devices, self.attempts) else self.attempts
+            devices_older = bool(self.devices) and (
+                not self.attempts or self.devices[0].at <= self.attempts[0].at
             )
-            older.popleft()
+            (self.devices if devices_older else self.attempts).popleft()
             self.dropped += 1

@@ -56,6 +56,7 @@ from workers.launch import LaunchError, mps_log_dir, mps_pipe_dir
 from workers.launchers import Launcher, Run
 from workers.outbox import AttemptJournal
 from workers.protocol import Inventory, Launch
+from workers.shim import start_time
 
 log = logging.getLogger(__name__)
 
@@ -424,13 +425,7 @@ class MpsSupervisor:
             raise LaunchError(f"MPS shares on {gpu}, which this node does not run in MPS mode")
         key = (launch.job_id, launch.attempt)
         with self._cond:
-            others = [r for k, r in daemon.runs.items() if k != key and r.team != launch.team]
-            if others:
-                other = others[0]
-                raise LaunchError(
-                    f"{MPS_TEAM_MIX}: the MPS daemon of {gpu} serves team {other.team!r} (job "
-                    f"{other.key[0]}); a job of team {launch.team!r} may not share it"
-                )
+            _refuse_team_mix(daemon, launch)
             if self.supervised and not self._cond.wait_for(
                 lambda: daemon.up, timeout=self.launch_wait_s
             ):
@@ -438,13 +433,7 @@ class MpsSupervisor:
                     f"{MPS_SERVER_DOWN}: the MPS control daemon of {gpu} is not running "
                     f"(last: {daemon.last_death or 'never started'}); it is being restarted"
                 )
-            # Checked again: the wait let go of the lock.
-            others = [r for k, r in daemon.runs.items() if k != key and r.team != launch.team]
-            if others:
-                raise LaunchError(
-                    f"{MPS_TEAM_MIX}: the MPS daemon of {gpu} serves team {others[0].team!r}"
-                    f" (job {others[0].key[0]}); a job of team {launch.team!r} may not share it"
-                )
+            _refuse_team_mix(daemon, launch)  # again: the wait let go of the lock
             run = MpsRun(self, daemon, launch, generation=daemon.generation)
             daemon.runs[key] = run
             limits = [pinned_limit_mb(r.launch) for r in daemon.runs.values()]
@@ -633,6 +622,18 @@ class MpsLauncher:
         return getattr(self.__dict__["inner"], name)
 
 
+def _refuse_team_mix(daemon: Daemon, launch: Launch) -> None:
+    """LaunchError when the daemon serves a job of another team (the caller holds the lock)."""
+    key = (launch.job_id, launch.attempt)
+    for other in daemon.runs.values():
+        if other.key != key and other.team != launch.team:
+            raise LaunchError(
+                f"{MPS_TEAM_MIX}: the MPS daemon of {daemon.gpu_uuid} serves team "
+                f"{other.team!r} (job {other.key[0]}); a job of team {launch.team!r} may not "
+                "share it"
+            )
+
+
 def clean_pipe_dir(pipe: Path) -> list[str]:
     """Remove what a dead daemon left in its pipe directory; the names removed."""
     removed: list[str] = []
@@ -666,13 +667,9 @@ def _daemon_pid(pipe: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    if CONTROL_BINARY.encode() not in cmdline:
-        return None
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-    return None if state in ("Z", "X") else pid
+    if CONTROL_BINARY.encode() not in cmdline or start_time(pid) is None:
+        return None  # another program, or a zombie
+    return pid
 
 
 def _kill(pid: int, wait_s: float = 5.0) -> bool:
@@ -680,11 +677,7 @@ def _kill(pid: int, wait_s: float = 5.0) -> bool:
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return True
-        if state in ("Z", "X"):
+        if start_time(pid) is None:  # gone, or a zombie: it runs nothing
             return True
         time.sleep(0.02)
     return False

@@ -224,22 +224,17 @@ class Supervisor:
         """Attempts accepted here and not finished: the heartbeat's `running` list."""
         with self._lock:
             return [
-                RunningAttempt(
-                    job_id=a.key[0],
-                    attempt=a.key[1],
-                    started_at=a.started.started_at if a.started else None,
-                    pid=a.started.pid if a.started else None,
-                    container_id=a.started.container_id if a.started else None,
-                )
+                _running_attempt(a)
                 for a in self._attempts.values()
                 if a.launch is not None and a.finished is None
             ]
 
-    def running_launches(self) -> list[Launch]:
-        """The launch messages of the attempts running now (for GPU metrics)."""
+    def running_launches(self) -> list[tuple[Launch, RunningAttempt]]:
+        """The attempts that have started and not finished, with their launch messages (for
+        GPU metrics)."""
         with self._lock:
             return [
-                a.launch
+                (a.launch, _running_attempt(a))
                 for a in self._attempts.values()
                 if a.launch is not None and a.started is not None and a.finished is None
             ]
@@ -577,6 +572,17 @@ def _from_journal(entry: JournalEntry) -> Attempt:
 def _fenced_reason(run: Run) -> str | None:
     fenced = getattr(run, "fenced", None)
     return fenced() if callable(fenced) else None
+
+
+def _running_attempt(attempt: Attempt) -> RunningAttempt:
+    started = attempt.started
+    return RunningAttempt(
+        job_id=attempt.key[0],
+        attempt=attempt.key[1],
+        started_at=started.started_at if started else None,
+        pid=started.pid if started else None,
+        container_id=started.container_id if started else None,
+    )
 
 
 def _lost_reason(run: Run) -> str | None:

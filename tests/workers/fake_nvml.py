@@ -99,6 +99,21 @@ class FakeGpu:
     lost: bool = False  # fell off the bus: every query answers GPU_IS_LOST
 
 
+def busy_gpu(uuid: str) -> FakeGpu:
+    """A whole GPU at work, with every reading NVML offers: 87 % SM and 41 % memory
+    utilisation, 30000 of 81920 MB used, 312.5 W, 61 C, one compute process (pid 4242)."""
+    return FakeGpu(
+        uuid=uuid,
+        mig_capable=False,
+        used_mb=30000,
+        util_pct=87,
+        mem_util_pct=41,
+        power_mw=312_500,
+        temperature_c=61,
+        processes=[FakeProcess(pid=4242, used_mb=29000)],
+    )
+
+
 class FakeNvml:
     NVMLError = NVMLError
     NVML_DEVICE_MIG_ENABLE = 1

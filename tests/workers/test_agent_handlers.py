@@ -21,7 +21,7 @@ from agent_doubles import (
     make_launch,
     sealed,
 )
-from fake_nvml import FakeGpu, FakeNvml, FakeProcess
+from fake_nvml import FakeNvml, busy_gpu
 
 from workers.agent import Agent
 from workers.inventory import discover
@@ -694,21 +694,23 @@ def test_an_agent_refuses_a_report_type_the_portal_never_sends(agent: Agent) -> 
 # --- metrics -----------------------------------------------------------------------------------
 
 
-def metrics_host() -> FakeNvml:
-    return FakeNvml(
-        [
-            FakeGpu(
-                uuid=GPU_0,
-                mig_capable=False,
-                used_mb=30000,
-                util_pct=87,
-                mem_util_pct=41,
-                power_mw=312_500,
-                temperature_c=61,
-                processes=[FakeProcess(pid=4242, used_mb=29000)],
-            )
-        ]
+def metrics_agent(
+    sender: RecordingSender, launcher: ScriptedLauncher, workdir: Path
+) -> tuple[Agent, Clock]:
+    """An agent on one busy whole GPU (fake NVML), running one job, on a clock the test sets."""
+    nvml = FakeNvml([busy_gpu(GPU_0)])
+    clock = Clock()
+    agent = make_agent(
+        sender,
+        launcher,
+        workdir,
+        sampler=NvmlSampler(nvml),
+        clock=clock,
+        inventory=discover(NODE, source="nvml", nvml=nvml),
     )
+    launch(agent)
+    sender.started()
+    return agent, clock
 
 
 def gpu_at(at: float) -> DeviceSample:
@@ -742,18 +744,7 @@ def job_at(at: float) -> AttemptSample:
 def test_metrics_are_sampled_every_metrics_s_and_shipped_in_batches(
     sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    nvml = metrics_host()
-    clock = Clock()
-    agent = make_agent(
-        sender,
-        launcher,
-        tmp_path,
-        sampler=NvmlSampler(nvml),
-        clock=clock,
-        inventory=discover(NODE, source="nvml", nvml=nvml),
-    )
-    launch(agent)
-    sender.started()
+    agent, clock = metrics_agent(sender, launcher, tmp_path)
     for step in (0, 10, 30, 59):  # samples at +0 and +30; the oldest is not 60 s old yet
         clock.now = CLOCK + step
         agent.beat()
@@ -774,18 +765,7 @@ def test_metrics_are_sampled_every_metrics_s_and_shipped_in_batches(
 def test_metrics_the_broker_did_not_take_are_sent_with_the_next_batch(
     sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
 ) -> None:
-    nvml = metrics_host()
-    clock = Clock()
-    agent = make_agent(
-        sender,
-        launcher,
-        tmp_path,
-        sampler=NvmlSampler(nvml),
-        clock=clock,
-        inventory=discover(NODE, source="nvml", nvml=nvml),
-    )
-    launch(agent)
-    sender.started()
+    agent, clock = metrics_agent(sender, launcher, tmp_path)
     sender.broken = ConnectionError("broker away")
     for step in (0, 30, 60):
         clock.now = CLOCK + step

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from agent_doubles import NODE
-from fake_nvml import FakeGpu, FakeMig, FakeNvml, FakeProcess
+from fake_nvml import FakeGpu, FakeMig, FakeNvml, FakeProcess, busy_gpu
 
 from workers.inventory import discover
 from workers.metrics import MetricsBatch, NvmlSampler, ProcessOwners
@@ -52,16 +52,7 @@ def mig(uuid: str, slot: int, *, used_mb: int, pids: list[int]) -> FakeMig:
 def host() -> FakeNvml:
     return FakeNvml(
         [
-            FakeGpu(
-                uuid=WHOLE,
-                mig_capable=False,
-                used_mb=30000,
-                util_pct=87,
-                mem_util_pct=41,
-                power_mw=312_500,
-                temperature_c=61,
-                processes=[FakeProcess(pid=4242, used_mb=29000)],
-            ),
+            busy_gpu(WHOLE),
             FakeGpu(
                 uuid=PARENT,
                 mig_enabled=True,
