@@ -15,7 +15,6 @@ from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from portal.jobs.arrays import (
@@ -28,10 +27,9 @@ from portal.jobs.arrays import (
 from portal.jobs.models import JobArray
 from portal.jobs.services import job_actions_for, job_actor
 from portal.jobs.validation import JobRequestError
-from portal.web.views import _render, login_required
+from portal.web.pages import login_required, page_number, page_problem, refused, render_page
 
 MEMBERS_PER_PAGE = 100
-CONFLICT = 409
 
 
 def _array_for(request: HttpRequest, array_id: int) -> JobArray:
@@ -46,7 +44,9 @@ def _array_context(request: HttpRequest, array: JobArray) -> dict[str, Any]:
     view = array_view(array=array)
     actor = job_actor(user=request.user)
     members = view.members
-    page = Paginator(members, MEMBERS_PER_PAGE).get_page(request.GET.get("page"))
+    paginator = Paginator(members, MEMBERS_PER_PAGE)
+    # A page beyond the end shows the last one; one that is no number, the first (and a 400).
+    page = paginator.page(min(page_number(request) or 1, paginator.num_pages))
     return {
         "nav": "jobs",
         "array": array,
@@ -64,7 +64,11 @@ def _array_context(request: HttpRequest, array: JobArray) -> dict[str, Any]:
 @login_required
 def array_detail(request: HttpRequest, array_id: int) -> HttpResponse:
     array = _array_for(request, array_id)
-    return _render(request, "web/array_detail.html", "array_live", _array_context(request, array))
+    context = _array_context(request, array)
+    problem = page_problem(request)
+    context["problem"] = f"Page: {problem}" if problem else ""
+    status = 400 if problem else 200
+    return render_page(request, "web/array_detail.html", "array_live", context, status=status)
 
 
 @login_required
@@ -104,9 +108,4 @@ def _refused(request: HttpRequest, array: JobArray, message: str) -> HttpRespons
     if not request.htmx:
         messages.error(request, message)
         return redirect(reverse("web:array_detail", args=[array.pk]))
-    response = HttpResponse(
-        format_html('<div class="form-errors" role="alert">{}</div>', message), status=CONFLICT
-    )
-    response["HX-Retarget"] = "#array-action-message"
-    response["HX-Reswap"] = "innerHTML"
-    return response
+    return refused(message, box="#array-action-message")

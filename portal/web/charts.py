@@ -137,6 +137,14 @@ def _open(chart_id: str, title: str, description: str) -> str:
     )
 
 
+def _close(base_y: float) -> str:
+    """The x axis's line, and the end of the chart."""
+    return (
+        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base_y}" y2="{base_y}" stroke="#9aa4b2"/>'
+        "</svg>"
+    )
+
+
 def stacked_bars(
     *,
     chart_id: str,
@@ -192,10 +200,7 @@ def stacked_bars(
                 f'<text x="{x + bar_w / 2:.1f}" y="{base_y + 15}" text-anchor="middle" '
                 f'font-size="11" fill="#647084" {FONT}>{escape(labels[i])}</text>'
             )
-    parts.append(
-        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base_y}" y2="{base_y}" stroke="#9aa4b2"/>'
-    )
-    parts.append("</svg>")
+    parts.append(_close(base_y))
     legend = [LegendItem(s.name, swatch(chart_id, index)) for index, s in enumerate(series)]
     return mark_safe("".join(parts)), legend
 
@@ -272,10 +277,7 @@ def held_against_guarantee(
             f'fill="#1d2330" paint-order="stroke" stroke="#fff" stroke-width="3" {FONT}>'
             f"{name} {number(value)}</text>"
         )
-    parts.append(
-        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base_y}" y2="{base_y}" stroke="#9aa4b2"/>'
-    )
-    parts.append("</svg>")
+    parts.append(_close(base_y))
     legend = [
         LegendItem("held within the guarantee", swatch(chart_id, within)),
         LegendItem("borrowed: held above the guarantee (preemptible)", swatch(chart_id, borrowed)),
@@ -393,9 +395,6 @@ def lines(
                 f"{_marker(kind, x_of(position), y_of(value), colour)}</g>"
             )
         parts.append("</g>")
-    parts.append(
-        f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base_y}" y2="{base_y}" stroke="#9aa4b2"/>'
-    )
-    parts.append("</svg>")
+    parts.append(_close(base_y))
     legend = [LegendItem(line.name, line_swatch(index)) for index, line in enumerate(series)]
     return mark_safe("".join(parts)), legend

@@ -16,7 +16,7 @@ from django.utils.safestring import SafeString
 from portal.jobs.capacity import cluster_capacity
 from portal.tenants.selectors import is_site_admin
 from portal.web.charts import Series, number, stacked_bars
-from portal.web.views import _page_number, _render, login_required
+from portal.web.pages import login_required, page_number, page_problem, render_page
 
 # Nodes drawn on one page (each with its GPUs and slices); the totals count every node.
 NODES_PER_PAGE = 50
@@ -29,27 +29,21 @@ def cluster_view(request: HttpRequest) -> HttpResponse:
     """The whole cluster's totals and utilisation, and its nodes ``NODES_PER_PAGE`` at a time
     (``?page=``): a page of a thousand nodes would take seconds to draw and megabytes to send."""
     capacity = cluster_capacity(user=request.user, now=timezone.now())
-    raw_page = request.GET.get("page", "")
-    number = _page_number(request)
-    problem = (
-        f"Page: {raw_page!r} is not a page number; allowed: a whole number from 1"
-        if raw_page and number is None
-        else ""
-    )
+    problem = page_problem(request)
     paginator = Paginator(capacity["nodes"], NODES_PER_PAGE)
     # A page beyond the end (nodes went away while it was open) shows the last one.
-    page = paginator.page(min(number or 1, paginator.num_pages))
+    page = paginator.page(min(page_number(request) or 1, paginator.num_pages))
     context = {
         "nav": "cluster",
         "capacity": capacity,
         "nodes": page.object_list,
         "page": page,
-        "problem": problem,
+        "problem": f"Page: {problem}" if problem else "",
         "chart": utilisation_chart(capacity["utilisation"]["series"]),
         "site_admin": is_site_admin(request.user),
     }
     status = 400 if problem else 200
-    return _render(request, "web/cluster.html", "cluster_live", context, status=status)
+    return render_page(request, "web/cluster.html", "cluster_live", context, status=status)
 
 
 def utilisation_chart(series: Sequence[dict[str, Any]]) -> SafeString:

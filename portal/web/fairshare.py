@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 
 from portal.scheduling.selectors import JOBS_SHOWN, FairShareQueryError, fairshare_report
 from portal.tenants.selectors import is_site_admin
-from portal.web.views import _render, login_required
+from portal.web.pages import login_required, render_page
 
 
 @login_required
@@ -30,4 +30,4 @@ def fairshare_view(request: HttpRequest) -> HttpResponse:
         "problem": problem,
     }
     status = 400 if problem else 200
-    return _render(request, "web/fairshare.html", "fairshare_live", context, status=status)
+    return render_page(request, "web/fairshare.html", "fairshare_live", context, status=status)

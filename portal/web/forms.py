@@ -15,6 +15,7 @@ from typing import Any
 
 from django.http import QueryDict
 
+from portal.tenants.audit import audit_text
 from portal.web.templatetags.portal_web import shell_join
 
 # Submit form: input name -> default shown on an empty form.
@@ -202,12 +203,4 @@ def quota_form_values(post: QueryDict | None, overview: Mapping[str, Any]) -> di
     """The quota form's inputs as text: the team's numbers on GET, what was sent on POST."""
     if post is not None:
         return {name: post.get(name, "").strip() for name in QUOTA_FIELDS}
-    return {name: _number_text(overview[name]) for name in QUOTA_FIELDS}
-
-
-def _number_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+    return {name: audit_text(overview[name]) for name in QUOTA_FIELDS}

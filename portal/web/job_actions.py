@@ -25,17 +25,14 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from portal.jobs.models import Job
 from portal.jobs.selectors import job_get_for_user
 from portal.jobs.services import JobActionError, job_cancel, job_hold, job_release
-from portal.web.views import _job_context, _job_for, job_rows, login_required
-
-# A wrong state: the API answers the same status (base.html lets htmx swap it).
-CONFLICT = 409
+from portal.web.pages import login_required, refused
+from portal.web.views import _job_context, _job_for, job_rows
 
 JobService = Callable[..., Job]
 
@@ -79,13 +76,8 @@ def _refused(request: HttpRequest, job: Job, message: str) -> HttpResponse:
     if not request.htmx:
         messages.error(request, message)
         return redirect(_back(request, job))
-    response = HttpResponse(
-        format_html('<div class="form-errors" role="alert">{}</div>', message), status=CONFLICT
-    )
     # Into the page's message box, not the row or the live part (the next poll would wipe it).
-    response["HX-Retarget"] = "#job-action-message"
-    response["HX-Reswap"] = "innerHTML"
-    return response
+    return refused(message, box="#job-action-message")
 
 
 def _row(request: HttpRequest, job_id: int) -> HttpResponse:

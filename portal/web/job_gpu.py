@@ -18,7 +18,7 @@ from typing import Any
 from django.db.models import Sum
 
 from portal.accounting.models import UsageRecord
-from portal.agents.gpu_metrics import GpuPoint, job_gpu_series
+from portal.agents.gpu_metrics import VALUES, GpuPoint, job_gpu_series
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.policy import scheduler_config
 from portal.web.charts import Line, lines
@@ -59,7 +59,7 @@ def stretches(points: Sequence[GpuPoint], *, max_points: int = MAX_POINTS) -> li
                 start=p.at,
                 end=p.at,
                 samples=p.samples,
-                **{name: getattr(p, name) for name in _VALUES},
+                **{name: getattr(p, name) for name in VALUES},
             )
             for p in points
         ]
@@ -80,20 +80,10 @@ def stretches(points: Sequence[GpuPoint], *, max_points: int = MAX_POINTS) -> li
                 start=start,
                 end=end,
                 samples=sum(p.samples for p in group),
-                **{name: _weighted(group, name) for name in _VALUES},
+                **{name: _weighted(group, name) for name in VALUES},
             )
         )
     return rows
-
-
-_VALUES = (
-    "sm_util_pct",
-    "mem_util_pct",
-    "memory_used_mb",
-    "processes",
-    "power_w",
-    "temperature_c",
-)
 
 
 def _weighted(group: Sequence[GpuPoint], name: str) -> float | None:

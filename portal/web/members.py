@@ -26,8 +26,9 @@ from portal.tenants.members import (
 )
 from portal.tenants.models import Membership, Team
 from portal.tenants.selectors import teams_for_user
+from portal.web.pages import UNPROCESSABLE, login_required
 from portal.web.team_members import MEMBER_FORM_DEFAULTS, team_members_context
-from portal.web.views import UNPROCESSABLE, _team_context, _team_for, login_required
+from portal.web.views import _team_context, _team_for
 
 SECTION = "web/_team_members.html"
 

@@ -21,7 +21,7 @@ from portal.agents.drain import (
 )
 from portal.cluster.models import Node
 from portal.tenants.selectors import is_site_admin
-from portal.web.views import UNPROCESSABLE, _render, login_required
+from portal.web.pages import UNPROCESSABLE, login_required, render_page
 
 # The drain deadlines the page offers (the API takes any number of seconds up to a week).
 DRAIN_DEADLINES = [
@@ -33,14 +33,6 @@ DRAIN_DEADLINES = [
     (24 * 3600, "in 24 hours"),
 ]
 DEFAULT_DRAIN_DEADLINE_S = 3600
-# Each status in the colours of the job state it resembles (static/css/portal.css).
-_BADGES = {
-    "ready": "state-SUCCEEDED",
-    "lost": "state-LOST",
-    "cordoned": "state-PENDING",
-    "draining": "state-PREEMPTED",
-    "drained": "state-CANCELLED",
-}
 _DONE = {
     "cordon": "Node {} cordoned: no new jobs; its jobs run on.",
     "uncordon": "Node {} is back in scheduling.",
@@ -54,7 +46,7 @@ def _site_admin(request: HttpRequest) -> None:
 
 
 def _nodes_context(**extra: Any) -> dict[str, Any]:
-    nodes = [{**asdict(n), "badge": _BADGES.get(n.status, "")} for n in node_overviews()]
+    nodes = [asdict(n) for n in node_overviews()]
     return {
         "nav": "nodes",
         "nodes": nodes,
@@ -70,7 +62,7 @@ def _nodes_context(**extra: Any) -> dict[str, Any]:
 @login_required
 def node_list(request: HttpRequest) -> HttpResponse:
     _site_admin(request)
-    return _render(request, "web/node_list.html", "nodes", _nodes_context())
+    return render_page(request, "web/node_list.html", "nodes", _nodes_context())
 
 
 @login_required

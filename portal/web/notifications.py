@@ -22,12 +22,11 @@ from portal.notify.services import (
     NotifyError,
     notification_settings_get,
     notification_settings_update,
-    team_webhook_get,
     team_webhook_update,
 )
 from portal.tenants.models import Membership, Team
 from portal.tenants.selectors import is_site_admin
-from portal.web.views import UNPROCESSABLE, login_required
+from portal.web.pages import UNPROCESSABLE, login_required
 
 EVENT_HELP = {
     "start": "it starts running",
@@ -55,11 +54,12 @@ def _context(
     teams = [
         {
             "team": team,
-            "hook": team_webhook_get(team=team),
+            # Loaded with the teams (select_related): a site admin administers every team.
+            "hook": getattr(team, "webhook", None),
             "errors": (team_errors or {}).get(team.name, {}),
             "saved": team.name == saved_team,
         }
-        for team in _admin_teams(request.user)
+        for team in _admin_teams(request.user).select_related("webhook")
     ]
     return {
         "nav": "notifications",

@@ -9,8 +9,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from portal.tenants.selectors import member_teams, teams_for_user
+from portal.web.pages import login_required
 from portal.web.team_usage import chart_context, page_report, usage_context
-from portal.web.views import login_required
 
 
 @login_required

@@ -7,25 +7,19 @@ A page that refreshes itself renders, for an htmx request, only the fragment tha
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from datetime import timedelta
-from functools import wraps
 from typing import Any
 
-from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required as django_login_required
-from django.contrib.auth.views import redirect_to_login
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render, resolve_url
+from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.cache import patch_vary_headers
 from django.utils.http import urlencode
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
 
 from portal.cluster.capacity import guarantee_overcommit
 from portal.cluster.models import Gpu, Slice
@@ -73,6 +67,13 @@ from portal.web.forms import (
     quota_form_values,
 )
 from portal.web.job_gpu import job_gpu_context
+from portal.web.pages import (
+    UNPROCESSABLE,
+    login_required,
+    page_number,
+    page_problem,
+    render_page,
+)
 from portal.web.team_members import team_members_context
 from portal.web.team_usage import page_report, usage_context
 from scheduler.units import MIG_PROFILES
@@ -81,36 +82,6 @@ from scheduler.units import MIG_PROFILES
 JOB_LIST_PAGE_SIZE = 50
 # The job page shows the end of a long log; the API serves all of it.
 LOG_TAIL_CHARS = 256 * 1024
-# A form sent back with errors; base.html tells htmx to swap this status like a 200.
-UNPROCESSABLE = 422
-
-
-def login_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Django's login_required, but an htmx poll whose session ended moves the whole page to
-    the login form (HX-Redirect) instead of swapping the login form into a fragment."""
-    guarded = django_login_required(view)
-
-    @wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if request.htmx and not request.user.is_authenticated:
-            back = request.htmx.current_url_abs_path or request.get_full_path()
-            login = redirect_to_login(back, resolve_url(settings.LOGIN_URL))
-            return HttpResponseClientRedirect(login["Location"])
-        return guarded(request, *args, **kwargs)
-
-    return wrapper
-
-
-def _render(
-    request: HttpRequest, template: str, partial: str, context: dict[str, Any], status: int = 200
-) -> HttpResponse:
-    """The whole page, or only its ``partial`` when htmx asks (but not to restore history)."""
-    fragment_only = bool(request.htmx) and not request.htmx.history_restore_request
-    name = f"{template}#{partial}" if fragment_only else template
-    response = render(request, name, context, status=status)
-    # One URL answers two shapes: caches must keep them apart.
-    patch_vary_headers(response, ("HX-Request",))
-    return response
 
 
 # --- jobs ----------------------------------------------------------------------------
@@ -141,7 +112,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
     )
     paginator = Paginator(jobs, JOB_LIST_PAGE_SIZE)
     # A page beyond the end (the list shrank while it was open) shows the last one.
-    page = paginator.page(min(_page_number(request) or 1, paginator.num_pages))
+    page = paginator.page(min(page_number(request) or 1, paginator.num_pages))
     query = _job_list_query(filters, page.number)
     context.update(
         rows=job_rows(jobs=page.object_list, user=request.user),
@@ -155,7 +126,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         if page.has_next()
         else "",
     )
-    return _render(request, "web/job_list.html", "job_table", context)
+    return render_page(request, "web/job_list.html", "job_table", context)
 
 
 def _job_list_filters(
@@ -182,15 +153,8 @@ def _job_list_filters(
             FormError(label="Name", message="must not contain a NUL character", input="q")
         )
         search = ""
-    page = request.GET.get("page", "")
-    if page and _page_number(request) is None:
-        problems.append(
-            FormError(
-                label="Page",
-                message=f"{page!r} is not a page number; allowed: a whole number from 1",
-                input=None,
-            )
-        )
+    if problem := page_problem(request):
+        problems.append(FormError(label="Page", message=problem, input=None))
     filters = {
         "state": state if state in JobState.values else "",
         "team": team if team in {t.name for t in teams} else "",
@@ -198,13 +162,6 @@ def _job_list_filters(
         "q": search,
     }
     return filters, problems
-
-
-def _page_number(request: HttpRequest) -> int | None:
-    raw = request.GET.get("page", "")
-    if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
-        return None
-    return int(raw)
 
 
 def _job_list_query(filters: dict[str, str], page: int) -> str:
@@ -352,7 +309,7 @@ def _job_context(request: HttpRequest, job: Job, **extra: Any) -> dict[str, Any]
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
     job = _job_for(request, job_id)
-    return _render(request, "web/job_detail.html", "job_live", _job_context(request, job))
+    return render_page(request, "web/job_detail.html", "job_live", _job_context(request, job))
 
 
 # --- teams ---------------------------------------------------------------------------
@@ -416,7 +373,7 @@ def team_quota(request: HttpRequest, name: str) -> HttpResponse:
         team = quota_update(team=team, by=request.user, **values)
     except QuotaError as error:
         context = _team_context(request, team, values=values, errors=error.errors)
-        return _render(request, "web/team_detail.html", "quota", context, status=UNPROCESSABLE)
+        return render_page(request, "web/team_detail.html", "quota", context, status=UNPROCESSABLE)
     if not request.htmx:
         messages.success(request, f"Quota of team {team.name} saved.")
         return redirect("web:team_detail", name=team.name)
@@ -474,9 +431,9 @@ def token_list_view(request: HttpRequest) -> HttpResponse:
         )
     except TokenError as error:
         context = _tokens_context(request, values=values, errors=error.errors)
-        return _render(request, "web/token_list.html", "tokens", context, status=UNPROCESSABLE)
+        return render_page(request, "web/token_list.html", "tokens", context, status=UNPROCESSABLE)
     context = _tokens_context(request, created=token, key=key)
-    return _render(request, "web/token_list.html", "tokens", context, status=201)
+    return render_page(request, "web/token_list.html", "tokens", context, status=201)
 
 
 @login_required

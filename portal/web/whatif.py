@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 from portal.jobs.validation import JobRequest, JobRequestError, validate_job_request
 from portal.scheduling.whatif import what_if
 from portal.web.forms import job_form_errors, job_form_values, job_request_data
-from portal.web.views import login_required
+from portal.web.pages import login_required
 from scheduler.model import GpuRequest, SliceKind
 
 # The request's parts the scheduler reads: a problem with one of them leaves no prediction.

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from portal.jobs.models import Job, JobLogChunk, JobState
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
+from portal.notify.models import TeamWebhook
 from portal.tenants.models import Membership, Team
 from portal.web.forms import FormError, job_form_errors
 
@@ -686,3 +687,25 @@ def test_a_team_admin_may_not_edit_the_quota(vera: Any, vision: Team) -> None:
     vision.refresh_from_db()
     assert response.status_code == 403
     assert vision.weight == 2.0 and vision.max_priority == "normal"
+
+
+# --- notifications page ----------------------------------------------------------------
+
+
+def test_the_notifications_page_shows_every_teams_webhook_in_the_same_queries(
+    site_admin: Any, vision: Team, nlp: Team, django_assert_max_num_queries: Any
+) -> None:
+    client = client_for(site_admin)
+    TeamWebhook.objects.create(team=vision, url="https://hooks.example.org/vision", secret="s1")
+    with django_assert_max_num_queries(50) as two:
+        first = client.get(reverse("web:notifications"))
+    for number in range(5):
+        team = make_team(f"team-{number}")
+        TeamWebhook.objects.create(team=team, url=f"https://hooks.example.org/{number}", secret="s")
+    with django_assert_max_num_queries(50) as seven:
+        again = client.get(reverse("web:notifications"))
+
+    assert len(seven.captured_queries) == len(two.captured_queries)
+    assert 'value="https://hooks.example.org/vision"' in html(first)
+    assert 'id="id_team_url_nlp" name="url" value=""' in html(first)  # nlp has no webhook
+    assert 'value="https://hooks.example.org/4"' in html(again)

@@ -150,3 +150,20 @@ def test_the_page_costs_the_same_queries_for_3_members_as_for_300(world):
         return len(done)
 
     assert queries(3) == queries(300)
+
+
+def test_a_page_that_is_no_number_is_a_400_naming_it_and_one_past_the_end_the_last(world):
+    array, jobs = _array(world, {"count": 3})
+    client = client_for(world.alice)
+    url = reverse("web:array_detail", args=[array.pk])
+
+    wrong = client.get(url, {"page": "two"})
+    past_the_end = client.get(url, {"page": "9"})
+
+    assert wrong.status_code == 400
+    page = wrong.content.decode()
+    assert "Page: &#x27;two&#x27; is not a page number; allowed: a whole number from 1" in page
+    assert f'id="array-job-{jobs[0].pk}"' in page  # the first page, shown all the same
+    assert past_the_end.status_code == 200
+    assert f'id="array-job-{jobs[2].pk}"' in past_the_end.content.decode()
+    assert 'id="array-problem"' not in past_the_end.content.decode()

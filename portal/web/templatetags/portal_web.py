@@ -13,6 +13,16 @@ from django.utils.timesince import timesince
 
 register = template.Library()
 
+# A node's status (``portal.jobs.capacity.node_status``) in the colours of the job state it
+# resembles (static/css/portal.css): the Nodes and Cluster pages.
+NODE_BADGES = {
+    "ready": "state-SUCCEEDED",
+    "lost": "state-LOST",
+    "cordoned": "state-PENDING",
+    "draining": "state-PREEMPTED",
+    "drained": "state-CANCELLED",
+}
+
 
 @register.filter
 def units(value: Any) -> str:
@@ -20,6 +30,12 @@ def units(value: Any) -> str:
     if value is None or value == "":
         return "—"
     return f"{round(float(value), 2):g}"
+
+
+@register.filter
+def node_badge(status: str) -> str:
+    """The badge class of a node's status: ``state-SUCCEEDED`` for ``ready``."""
+    return NODE_BADGES.get(status, "")
 
 
 @register.filter
