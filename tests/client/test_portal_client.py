@@ -241,6 +241,57 @@ def test_following_a_log_prints_each_piece_once_and_goes_on_to_a_requeued_attemp
     assert happenings == []
 
 
+def test_following_a_log_of_a_job_that_has_not_started_waits_for_its_first_attempt(
+    portal: PortalClient, vision: Team, alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The CI failure: a follower that began while the job was pending (attempt 0) asked for
+    # "attempt 0" once the job ran, and died of the 400 that answered it.
+    row = make_job(team=vision, user=alice)
+    happenings = [
+        lambda: None,  # still pending at the next read
+        lambda: JobRow.objects.filter(pk=row.pk).update(state=JobState.RUNNING, attempt=1),
+        lambda: JobLogChunk.objects.create(job=row, attempt=1, seq=0, data="step 1\n"),
+        lambda: transition(row.pk, to=JobState.SUCCEEDED, from_states=[JobState.RUNNING]),
+    ]
+    between_polls(monkeypatch, happenings)
+    printed = io.StringIO()
+
+    followed = portal.job(row.pk).logs(follow=True, file=printed)
+
+    assert followed == printed.getvalue() == "step 1\n"
+    assert happenings == []
+
+
+def test_following_a_log_begun_while_pending_reads_from_the_first_attempt(
+    portal: PortalClient, vision: Team, alice: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    row = make_job(team=vision, user=alice)
+
+    def ran_once_and_again() -> None:  # between two reads: attempt 1 ran, was lost, 2 started
+        JobLogChunk.objects.create(job=row, attempt=1, seq=0, data="first\n")
+        JobRow.objects.filter(pk=row.pk).update(state=JobState.RUNNING, attempt=2)
+
+    happenings = [
+        ran_once_and_again,
+        lambda: transition(row.pk, to=JobState.SUCCEEDED, from_states=[JobState.RUNNING]),
+    ]
+    between_polls(monkeypatch, happenings)
+
+    followed = portal.job(row.pk).logs(follow=True, file=io.StringIO())
+
+    assert followed == f"first\n\n[gpu-portal] job {row.pk} requeued: attempt 2\n"
+    assert happenings == []
+
+
+def test_following_the_log_of_a_job_cancelled_before_it_ran_ends_at_once(
+    portal: PortalClient, vision: Team, alice: Any
+) -> None:
+    row = make_job(team=vision, user=alice)
+    transition(row.pk, to=JobState.CANCELLED, from_states=[JobState.PENDING])
+
+    assert portal.job(row.pk).logs(follow=True, file=io.StringIO()) == ""
+
+
 # --- waiting ---------------------------------------------------------------------------------
 
 

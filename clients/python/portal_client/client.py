@@ -209,6 +209,12 @@ class PortalClient:
         """
         piece = self._patiently(partial(self.log_after, job_id, 0, attempt))
         current = int(piece["attempt"])
+        while current == 0 and not piece["ended"]:  # the job has not started a first attempt
+            time.sleep(poll)
+            piece = self._patiently(partial(self.log_after, job_id, 0, None))
+            if int(piece["attempt"]) > 0:  # read from the first one (the job may be past it)
+                current = 1
+                piece = self._patiently(partial(self.log_after, job_id, 0, current))
         while True:
             if piece["log"]:
                 yield str(piece["log"])
