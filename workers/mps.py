@@ -304,7 +304,10 @@ class MpsSupervisor:
             return 0.0
         return float(min(self.backoff_max_s, self.backoff_s * 2.0 ** (attempt - 2)))
 
-    def _health(self, daemon: Daemon) -> tuple[Health, str]:
+    def _health(self, daemon: Daemon, timeout: float | None = None) -> tuple[Health, str]:
+        """The daemon's health: its pipe, its process, then its answer to get_server_list
+        within ``timeout`` (the check timeout unless given)."""
+        timeout = self.check_timeout_s if timeout is None else timeout
         if not (daemon.pipe / CONTROL_PIPE).exists():
             return "dead", f"its control pipe {daemon.pipe / CONTROL_PIPE} is gone"
         recorded = _recorded_pid(daemon.pipe)
@@ -313,11 +316,11 @@ class MpsSupervisor:
             # reads, or answer nothing), a daemon whose process is gone is dead.
             return "dead", f"its process {recorded} is gone"
         try:
-            result = self._control(daemon, "get_server_list", timeout=self.check_timeout_s)
+            result = self._control(daemon, "get_server_list", timeout=timeout)
         except subprocess.TimeoutExpired:
             if _daemon_pid(daemon.pipe) is None and recorded is not None:
                 return "dead", f"its process {recorded} is gone"
-            return "unanswered", f"get_server_list got no answer within {self.check_timeout_s:g} s"
+            return "unanswered", f"get_server_list got no answer within {timeout:g} s"
         except OSError as exc:
             return "dead", f"{self.binary} could not run: {exc}"
         answer = result.stdout.strip()
@@ -387,7 +390,11 @@ class MpsSupervisor:
         deadline = time.monotonic() + self.start_wait_s
         pause = 0.02
         while True:
-            health, why = self._health(daemon)
+            # A daemon just started may be slow to give its first answer (a loaded host):
+            # each probe may take what is left of the start wait, not only the check timeout,
+            # or probes that each give up too soon would never see it answer.
+            left = max(deadline - time.monotonic(), 0.0)
+            health, why = self._health(daemon, timeout=max(self.check_timeout_s, left))
             if health == "ok":
                 return True, ""
             if time.monotonic() >= deadline:
