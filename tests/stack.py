@@ -125,6 +125,7 @@ class PortalStack:
         self.env = dict(env or {})
         # Agents killed on purpose (kill_agent): their exit is no failure.
         self._killed: set[str] = set()
+        self._hosts_dir: Path | None = None
         self.log_path = self.tmp_path / "stack.log"
         self._stop_timeout_s = stop_timeout_s
         self._socket_dir: Path | None = None
@@ -197,7 +198,13 @@ class PortalStack:
     def agent_workdir(self, node: str) -> Path:
         if len(self.agents) == 1:
             return self.var_dir / "agent"
-        return self.var_dir / "agents" / node
+        # Many hosts: not in the portal's var dir, as on real hosts: an agent refuses to
+        # launch while jobs could read files of the var dir that are not its own (another
+        # agent's lease file, say).
+        if self._hosts_dir is None:
+            self._hosts_dir = Path(tempfile.mkdtemp(prefix=f"portal-hosts-{self.run_id}-"))
+            self._hosts_dir.chmod(0o711)  # job uids pass through to their own directories
+        return self._hosts_dir / node
 
     def _agent_child(self, node: str) -> str:
         return "agent" if len(self.agents) == 1 else f"agent-{node}"
@@ -291,6 +298,8 @@ class PortalStack:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
         shutil.rmtree(self.var_dir, ignore_errors=True)
+        if self._hosts_dir is not None:
+            shutil.rmtree(self._hosts_dir, ignore_errors=True)
 
 
 def _purge_queue(redis_url: str, queue: str) -> None:
