@@ -43,6 +43,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -152,12 +153,14 @@ class HostNetwork:
         ip("link", "set", inside, "netns", namespace)
         address = str(self.subnet[11 + index])
         in_ns = ("-n", namespace)
-        # IPv6 off inside too (written through the namespace's own /proc/sys).
-        subprocess.run(  # noqa: S603 - our own argv
-            ["nsenter", f"--net=/run/netns/{namespace}", "--", "sysctl", "-qw",
-             "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1"],
-            capture_output=True, timeout=IP_TIMEOUT_S, check=False,
+        # IPv6 off inside too: /proc/sys/net is the namespace's own for a process in it.
+        off = "for n in ('all', 'default'): open(f'/proc/sys/net/ipv6/conf/{n}/disable_ipv6', 'w').write('1')"
+        done = subprocess.run(  # noqa: S603 - our own argv
+            ["nsenter", f"--net=/run/netns/{namespace}", "--", sys.executable, "-c", off],
+            capture_output=True, text=True, timeout=IP_TIMEOUT_S, check=False,
         )  # fmt: skip
+        if done.returncode != 0 and Path("/proc/sys/net/ipv6").exists():
+            raise NetnsError(f"cannot switch IPv6 off in {namespace}: {done.stderr.strip()}")
         ip(*in_ns, "link", "set", "lo", "up")
         ip(*in_ns, "addr", "add", f"{address}/24", "dev", inside)
         ip(*in_ns, "link", "set", inside, "up")

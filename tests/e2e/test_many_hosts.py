@@ -45,7 +45,7 @@ from chaos.backing import PrivateRedis
 from chaos.cluster import AGENT_TIMINGS, INVENTORY, PORTAL_TIMINGS, UNITS_PER_NODE
 from chaos.harness import job_command
 from chaos.truth import Execution, ProcessWatcher, kill_job_processes
-from netns import Host, HostNetwork, why_not_possible
+from netns import Host, HostNetwork, ip, why_not_possible
 from services import require_service
 from stack import AgentHost, PortalStack
 
@@ -205,6 +205,9 @@ def test_hosts_reach_the_broker_and_each_other_and_nothing_else(
         # Main table: the /24 only (no default route); the local table: its own addresses.
         main = [r for r in host.routes() if not r.startswith(("local ", "broadcast "))]
         assert main == [main[0]] and main[0].startswith(f"{subnet} dev "), (host.name, main)
+        # No IPv6 beyond the loopback's ::1: nothing leaves a link by IPv6 either.
+        six = ip("-n", host.namespace, "-6", "-o", "addr", "show")
+        assert [line.split()[1] for line in six.splitlines()] in ([], ["lo"]), six
         assert connect_from(host, network.broker_address, many_hosts.redis.port) == "reached"
         # The machine's own loopback services (PostgreSQL, the shared Redis) are not there.
         assert connect_from(host, "127.0.0.1", many_hosts.redis.port).startswith("unreachable")
