@@ -30,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -47,9 +48,13 @@ MPS_SHARES = 2
 JOB_TIMEOUT_S = 300.0
 # What each job runs: fails (exit 1) without CUDA, prints the device and a checked product.
 CUDA_JOB = """\
-import os, torch
-print("CUDA_VISIBLE_DEVICES=" + os.environ.get("CUDA_VISIBLE_DEVICES", ""))
-print("CUDA_MPS_PIPE_DIRECTORY=" + os.environ.get("CUDA_MPS_PIPE_DIRECTORY", ""))
+import os, sys
+for name in ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+    print(name + "=" + os.environ.get(name, ""))
+try:
+    import torch
+except ImportError as error:
+    raise SystemExit(f"torch is not importable by {sys.executable}: {error} (see --python)")
 available = torch.cuda.is_available()
 print(f"torch {torch.__version__}: cuda available={available}")
 if not available:
@@ -69,13 +74,18 @@ def say(text: str) -> None:
     print(f"gpu-smoke: {text}", flush=True)
 
 
-def settings_for(workdir: Path, environ: Mapping[str, str]) -> AgentSettings:
+def settings_for(var_dir: Path, environ: Mapping[str, str]) -> AgentSettings:
     """The agent's settings from this environment (its limits, job uids, network), with a
-    work directory of our own and a throwaway key: nothing here talks to a portal."""
+    var dir and work directory of our own (laid out as the agent's: `<var>/agent`) and a
+    throwaway key: nothing here talks to a portal."""
+    workdir = var_dir / "agent"
     key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()
     env = {
         **environ,
         "PORTAL_AGENT_NODE": NODE,
+        # The launcher refuses jobs while files of the var dir outside the work dir are open
+        # to them: a var dir of our own, not whatever .var the checkout has.
+        "PORTAL_VAR_DIR": str(var_dir),
         "PORTAL_AGENT_WORKDIR": str(workdir),
         "PORTAL_AGENT_MPS_ROOT": str(workdir / "mps"),
         "PORTAL_AGENT_KEY": key,
@@ -139,9 +149,18 @@ def pick(inventory: Inventory, index: int | None) -> Gpu:
                       f"{', '.join(str(g.index) for g in usable)})")  # fmt: skip
 
 
-def smoke(python: str, gpu_index: int | None, environ: Mapping[str, str]) -> None:
+def smoke(
+    python: str,
+    gpu_index: int | None,
+    environ: Mapping[str, str],
+    *,
+    nvml: Any = None,
+    mps_control: str | None = None,
+) -> None:
+    """The three steps; `nvml` replaces pynvml and `mps_control` the MPS control program found
+    on PATH (the tests' fakes)."""
     try:
-        inventory = discover(NODE, source="nvml", hostname=os.uname().nodename)
+        inventory = discover(NODE, source="nvml", hostname=os.uname().nodename, nvml=nvml)
     except InventoryError as error:
         raise NoGpu(str(error)) from None
     if not inventory.gpus:
@@ -150,26 +169,27 @@ def smoke(python: str, gpu_index: int | None, environ: Mapping[str, str]) -> Non
     print(msgspec.json.format(msgspec.json.encode(inventory)).decode(), flush=True)
     gpu = pick(inventory, gpu_index)
 
-    workdir = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
-    workdir.chmod(0o711)  # job uids pass through to their own directories
+    var_dir = Path(tempfile.mkdtemp(prefix="gpu-smoke-"))
+    var_dir.chmod(0o711)  # job uids pass through to their own directories
     try:
-        settings = settings_for(workdir, environ)
+        settings = settings_for(var_dir, environ)
+        settings.workdir.mkdir(mode=0o711)
         launcher = process_launcher(settings)
         # The shims stop a job whose agent's lease lapsed; this run holds one for an hour.
-        write_lease(lease_path(workdir), Lease(valid_until=time.time() + 3600, boot="smoke"))
-
-        whole = Device(slice_id="smoke-whole", kind="whole", gpu_uuid=gpu.uuid,
-                       gpu_index=gpu.index, memory_mb=gpu.memory_mb)  # fmt: skip
-        say(f"3a. a CUDA job on the whole GPU {gpu.index} ({gpu.uuid}, {gpu.model})")
-        run_job(launcher, launch_for(1, "whole-gpu", whole, python))
+        lease = Lease(valid_until=time.time() + 3600, boot="smoke")
+        write_lease(lease_path(settings.workdir), lease)
 
         say(f"2. MPS: GPU {gpu.index} with {MPS_SHARES} shares; the agent's supervisor starts "
             "its control daemon")  # fmt: skip
-        binary = shutil.which(CONTROL_BINARY)
+        binary = mps_control or shutil.which(CONTROL_BINARY)
         if binary is None:
             raise SmokeFailed(f"MPS: {CONTROL_BINARY} is not on PATH (it comes with the driver)")
         mps_inventory = discover(
-            NODE, source="nvml", hostname=inventory.hostname, mps_shares=f"{gpu.uuid}={MPS_SHARES}"
+            NODE,
+            source="nvml",
+            hostname=inventory.hostname,
+            mps_shares=f"{gpu.uuid}={MPS_SHARES}",
+            nvml=nvml,
         )
         supervisor = MpsSupervisor(mps_inventory, settings.mps_root, binary=binary,
                                    kill_grace_s=settings.kill_grace_s)  # fmt: skip
@@ -178,18 +198,23 @@ def smoke(python: str, gpu_index: int | None, environ: Mapping[str, str]) -> Non
             daemon = supervisor.daemons[gpu.uuid]
             if not daemon.up:
                 raise SmokeFailed(f"MPS: the control daemon did not start: {daemon.last_death}")
-            say(f"MPS control daemon up, pipe {daemon.pipe}; server list before the job: "
+            say(f"MPS control daemon up, pipe {daemon.pipe}; server list before the jobs: "
                 f"{supervisor.server_list(gpu.uuid)!r}")  # fmt: skip
+            whole = Device(slice_id="smoke-whole", kind="whole", gpu_uuid=gpu.uuid,
+                           gpu_index=gpu.index, memory_mb=gpu.memory_mb)  # fmt: skip
+            say(f"3a. a CUDA job on the whole GPU {gpu.index} ({gpu.uuid}, {gpu.model})")
+            run_job(launcher, launch_for(1, "whole-gpu", whole, python))
+
             share = Device(slice_id="smoke-mps-0", kind="mps", gpu_uuid=gpu.uuid,
                            gpu_index=gpu.index, mps_fraction=1 / MPS_SHARES,
                            memory_mb=gpu.memory_mb // MPS_SHARES)  # fmt: skip
             say(f"3b. a CUDA job on an MPS share (1 of {MPS_SHARES}) of GPU {gpu.index}")
             run_job(supervisor.watch(launcher), launch_for(2, "mps-share", share, python))
-            say(f"server list after the job: {supervisor.server_list(gpu.uuid)!r}")
+            say(f"server list after the jobs: {supervisor.server_list(gpu.uuid)!r}")
         finally:
             supervisor.stop()
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(var_dir, ignore_errors=True)
 
 
 class NoGpu(Exception):
