@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench clean distclean install chromium dockerd
+.PHONY: help run test lint format bench clean distclean install chromium dockerd iproute2
 .PHONY: chaos chaos-short chaos-recovery test-deep
 
 help:
@@ -49,7 +49,10 @@ chromium:
 dockerd:
 	@bash scripts/ensure-dockerd.sh
 
-test: $(INSTALLED) chromium dockerd
+iproute2:
+	@bash scripts/ensure-iproute2.sh
+
+test: $(INSTALLED) chromium dockerd iproute2
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict scheduler workers
 	@# pytest exits 5 when it collected no test: that is a broken suite, never a pass.

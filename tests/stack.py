@@ -19,17 +19,26 @@ failure) and the whole output stays in `<tmp>/stack.log`.
 
 One stack at a time per Redis database: at start it empties the shared `control` queue of
 what an earlier stack left behind. The project gives each developer its own database number.
+
+Many hosts (tests/e2e/test_many_hosts.py): `agents=[AgentHost(...), ...]` starts one agent
+per entry instead, each under its own node name and work directory, optionally inside a
+command prefix (`nsenter` into a network namespace) and with a broker URL of its own (the
+same broker as seen from that host); `broker_url=` hands the stack a broker the test started
+itself; `env=` adds settings (short leases) to every child. `kill_agent(node)` SIGKILLs one
+agent, after which `wait_for` no longer counts its exit as a failure.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -47,6 +56,18 @@ T = TypeVar("T")
 START_TIMEOUT_S = 60.0
 CONTROL_QUEUE = "control"
 LEASE_QUEUE = "control.lease"
+
+
+@dataclass(frozen=True)
+class AgentHost:
+    """One agent of a many-host stack: its node name, and how it reaches the broker."""
+
+    node: str
+    # The stack's broker as this host sees it; "": the stack's own URL.
+    broker_url: str = ""
+    # Put before the agent's command line (e.g. `nsenter --net=...`): where it runs.
+    argv_prefix: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 def database_url_for_children() -> str:
@@ -81,9 +102,16 @@ class PortalStack:
         schedule_interval_s: float = 0.5,
         agent_env: Mapping[str, str] | None = None,
         stop_timeout_s: float = 10.0,
+        agents: Sequence[AgentHost] | None = None,
+        broker_url: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:8]
-        self.node = f"e2e-{self.run_id}"
+        self.agents = list(agents) if agents else [AgentHost(node=f"e2e-{self.run_id}")]
+        if len({agent.node for agent in self.agents}) != len(self.agents):
+            raise ValueError("agents: every agent needs a node name of its own")
+        # The first (with one agent: the only) agent's node.
+        self.node = self.agents[0].node
         self.tmp_path = Path(tmp_path)
         # Not under pytest's tmp_path (mode 0700 on the way): jobs run as other users and
         # must be able to pass through to their own directories (the launcher opens just
@@ -93,7 +121,11 @@ class PortalStack:
         self.schedule_interval_s = schedule_interval_s
         self.agent_env = dict(agent_env or {})
         self.url: str | None = None
-        self.broker_url = ""
+        self.broker_url = broker_url
+        self.env = dict(env or {})
+        # Agents killed on purpose (kill_agent): their exit is no failure.
+        self._killed: set[str] = set()
+        self._hosts_dir: Path | None = None
         self.log_path = self.tmp_path / "stack.log"
         self._stop_timeout_s = stop_timeout_s
         self._socket_dir: Path | None = None
@@ -119,7 +151,7 @@ class PortalStack:
         supervisor = self._supervisor
         assert supervisor is not None
         base = {k: v for k, v in os.environ.items() if k != "PORTAL_BROKER_URL"}
-        self.broker_url = self._start_broker(supervisor, base)
+        self.broker_url = self.broker_url or self._start_broker(supervisor, base)
         env = processes.child_environment(
             base,
             var_dir=self.var_dir,
@@ -130,6 +162,7 @@ class PortalStack:
                 # The test process makes node keys; the children must derive the same ones.
                 "PORTAL_SECRET_KEY": settings.SECRET_KEY,
                 "PORTAL_NODE_KEY_SECRET": settings.NODE_KEY_SECRET,
+                **self.env,
             },
         )
         self._restore_celery = _point_celery_at(self.broker_url)
@@ -140,15 +173,16 @@ class PortalStack:
         supervisor.start(
             processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
         )
-        supervisor.start(
-            processes.agent_spec(
-                node=self.node,
-                workdir=self.var_dir / "agent",
-                broker_url=self.broker_url,
-                env={**env, **self.agent_env},
-                key=node_key_text(name=self.node),
+        for agent in self.agents:
+            spec = processes.agent_spec(
+                node=agent.node,
+                workdir=self.agent_workdir(agent.node),
+                broker_url=agent.broker_url or self.broker_url,
+                env={**env, **self.agent_env, **agent.env},
+                key=node_key_text(name=agent.node),
+                name=self._agent_child(agent.node),
             )
-        )
+            supervisor.start(replace(spec, argv=[*agent.argv_prefix, *spec.argv]))
         if self.web:
             port = processes.free_port()
             supervisor.start(processes.web_spec(host="127.0.0.1", port=port, threads=4, env=env))
@@ -158,7 +192,22 @@ class PortalStack:
             )
         # The agent's first heartbeat, handled by the control-plane worker, registers the node:
         # broker, worker and agent all work once it is in the database.
-        self.wait_for(self._node_registered, START_TIMEOUT_S, f"node {self.node} registered")
+        names = ", ".join(agent.node for agent in self.agents)
+        self.wait_for(self._nodes_registered, START_TIMEOUT_S, f"node(s) {names} registered")
+
+    def agent_workdir(self, node: str) -> Path:
+        if len(self.agents) == 1:
+            return self.var_dir / "agent"
+        # Many hosts: not in the portal's var dir, as on real hosts: an agent refuses to
+        # launch while jobs could read files of the var dir that are not its own (another
+        # agent's lease file, say).
+        if self._hosts_dir is None:
+            self._hosts_dir = Path(tempfile.mkdtemp(prefix=f"portal-hosts-{self.run_id}-"))
+            self._hosts_dir.chmod(0o711)  # job uids pass through to their own directories
+        return self._hosts_dir / node
+
+    def _agent_child(self, node: str) -> str:
+        return "agent" if len(self.agents) == 1 else f"agent-{node}"
 
     def _start_broker(self, supervisor: Supervisor, base: Mapping[str, str]) -> str:
         redis_url = base.get("REDIS_URL", "").strip()
@@ -175,10 +224,12 @@ class PortalStack:
         )
         return f"redis+socket://{socket_path}"
 
-    def _node_registered(self) -> bool:
+    def _nodes_registered(self) -> bool:
         from portal.cluster.models import Node
 
-        return Node.objects.filter(name=self.node, gpus__isnull=False).exists()
+        nodes = {agent.node for agent in self.agents}
+        registered = Node.objects.filter(name__in=nodes, gpus__isnull=False)
+        return set(registered.values_list("name", flat=True)) == nodes
 
     # --- use -------------------------------------------------------------------------------
 
@@ -192,16 +243,28 @@ class PortalStack:
         deadline = time.monotonic() + timeout
         label = what or getattr(predicate, "__name__", "condition")
         while True:
-            try:
-                supervisor.check_running()
-            except ChildExited as died:
-                raise AssertionError(f"{died} while waiting for {label}") from None
+            for child in supervisor.children:
+                if child.exit_code() is not None and child.name not in self._killed:
+                    raise AssertionError(f"{ChildExited(child)} while waiting for {label}")
             value = predicate()
             if value:
                 return value
             if time.monotonic() > deadline:
                 raise AssertionError(f"{label}: not true after {timeout:.0f} s")
             time.sleep(0.1)
+
+    def kill_agent(self, node: str) -> float:
+        """SIGKILL the agent of `node` (its whole process group), as a host that dies does;
+        returns when (time.time()) it was sent."""
+        supervisor = self._supervisor
+        assert supervisor is not None, "use PortalStack as a context manager"
+        name = self._agent_child(node)
+        child = next(c for c in supervisor.children if c.name == name)
+        self._killed.add(name)
+        at = time.time()
+        os.killpg(child.process.pid, signal.SIGKILL)
+        child.process.wait()
+        return at
 
     def output(self, lines: int = 80) -> str:
         """The last lines each child printed."""
@@ -235,6 +298,8 @@ class PortalStack:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
         shutil.rmtree(self.var_dir, ignore_errors=True)
+        if self._hosts_dir is not None:
+            shutil.rmtree(self._hosts_dir, ignore_errors=True)
 
 
 def _purge_queue(redis_url: str, queue: str) -> None:

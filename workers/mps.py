@@ -509,6 +509,13 @@ class MpsSupervisor:
             return None
         return f"{command}: {said or f'exit {result.returncode}'}"
 
+    def server_list(self, gpu_uuid: str) -> str:
+        """What `get_server_list` answers for this GPU's daemon (the server pids, one a line;
+        empty before the first client): the health check's own question, for an operator."""
+        result = self._control(self.daemons[gpu_uuid], "get_server_list", self.check_timeout_s)
+        said = (result.stdout + result.stderr).strip()
+        return said if result.returncode == 0 else f"exit {result.returncode}: {said}"
+
     def _control(
         self, daemon: Daemon, command: str, timeout: float
     ) -> subprocess.CompletedProcess[str]:

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from portal.ops.processes import free_port
 
@@ -132,25 +133,38 @@ class PrivatePostgres:
 
 class PrivateRedis:
     """A redis-server on a free port, no persistence; stop() kills it, start() brings a new,
-    empty one up on the same port."""
+    empty one up on the same port. It listens on 127.0.0.1 and on any `also_on` addresses
+    (the multi-host test's own network, tests/netns.py): `url_at()` names it there. Beyond
+    loopback Redis refuses clients without a password (protected mode), as production's does:
+    `password` sets one."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, also_on: tuple[str, ...] = (), password: str = "") -> None:
         self.binary = redis_server_binary()
         self.root = root
+        self.addresses = ("127.0.0.1", *also_on)
+        self.password = password
         self.port = free_port()
         self.logfile = root / "redis.log"
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return self.url_at("127.0.0.1")
+
+    def url_at(self, address: str) -> str:
+        if address not in self.addresses:
+            raise ValueError(f"address: redis listens on {', '.join(self.addresses)} only")
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{address}:{self.port}/0"
 
     def start(self, timeout_s: float = 20.0) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         argv = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            self.binary, "--port", str(self.port), "--bind", *self.addresses, "--save", "",
             "--appendonly", "no", "--dir", str(self.root), "--loglevel", "warning",
         ]  # fmt: skip
+        if self.password:
+            argv += ["--requirepass", self.password]
         with self.logfile.open("ab") as log:
             self._process = spawn(
                 lambda: subprocess.Popen(  # noqa: S603 - our own argv
@@ -176,10 +190,18 @@ class PrivateRedis:
     def answers(self) -> bool:
         import redis
 
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.5)
+        client = self.client(socket_connect_timeout=0.5)
         try:
             return bool(client.ping())
         except (redis.RedisError, OSError):
             return False
         finally:
             client.close()
+
+    def client(self, **options: Any) -> Any:
+        """A redis-py client on loopback."""
+        import redis
+
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password or None, **options
+        )

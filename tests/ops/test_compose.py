@@ -103,16 +103,23 @@ def test_every_variable_in_env_example_reaches_a_service() -> None:
 
 # --- read directly: the file as docker-compose fills it in with no .env ----------------------
 
-_VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?::-(?P<default>[^}]*))?\}")
+_VARIABLE = re.compile(r"\$\$|\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?::(?P<op>[-?])(?P<default>[^}]*))?\}")
+AGENT_COMPOSE = PROJECT / "docker-compose.agent.yml"
+
+
+class MissingVariable(ValueError):
+    """A ${NAME:?message} with NAME unset: docker-compose refuses the file with the message."""
 
 
 def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """docker-compose's ${NAME} and ${NAME:-default} (and $$ for a literal $)."""
+    """docker-compose's ${NAME}, ${NAME:-default} and ${NAME:?error} (and $$ for a $)."""
     if isinstance(value, str):
 
         def fill(match: re.Match[str]) -> str:
             if match.group(0) == "$$":
                 return "$"
+            if match["op"] == "?" and not env.get(match["name"]):
+                raise MissingVariable(f"{match['name']}: {match['default']}")
             return env.get(match["name"]) or (match["default"] or "")
 
         return _VARIABLE.sub(fill, value)
@@ -123,8 +130,10 @@ def interpolate(value: Any, env: dict[str, str]) -> Any:
     return value
 
 
-def compose_file(env: dict[str, str] | None = None) -> dict[str, Any]:
-    raw = yaml.safe_load((PROJECT / "docker-compose.yml").read_text())
+def compose_file(
+    env: dict[str, str] | None = None, path: Path = PROJECT / "docker-compose.yml"
+) -> dict[str, Any]:
+    raw = yaml.safe_load(path.read_text())
     return interpolate(raw, env or {})
 
 
@@ -264,3 +273,64 @@ def test_the_agent_has_what_mps_needs_and_says_why() -> None:
     assert any(root.startswith(path + "/") for path in same_path)
     text = (PROJECT / "docker-compose.yml").read_text()
     assert "hand their work to through shared memory" in text  # the why, next to ipc: host
+
+
+# --- the agent alone, for one more GPU host (docker-compose.agent.yml) ------------------------
+
+AGENT_HOST_ENV = {"PORTAL_BROKER_URL": "rediss://:pw@portal.example.org:6380/0",
+                  "PORTAL_AGENT_NODE": "gpu-host-2"}  # fmt: skip
+
+
+def test_the_agent_only_compose_file_runs_the_agent_and_names_no_database() -> None:
+    config = compose_file(AGENT_HOST_ENV, AGENT_COMPOSE)
+    services = config["services"]
+    assert set(services) == {"agent", "watchdog"}
+    agent = services["agent"]
+    assert agent["environment"]["PORTAL_BROKER_URL"] == AGENT_HOST_ENV["PORTAL_BROKER_URL"]
+    assert agent["environment"]["PORTAL_AGENT_NODE"] == "gpu-host-2"
+    assert "--node=gpu-host-2" in services["watchdog"]["command"]
+    # Nothing in it names a database, its URL, its port, or the portal's secrets.
+    as_text = str(config).lower()
+    for word in ("postgres", "database_url", "5432", "portal_secret_key", "redis_url"):
+        assert word not in as_text, word
+    assert set(agent["depends_on"]) == {"watchdog"}
+    assert "ports" not in agent and "ports" not in services["watchdog"]
+
+
+@pytest.mark.parametrize("name", ["PORTAL_BROKER_URL", "PORTAL_AGENT_NODE"])
+def test_the_agent_only_compose_file_refuses_to_start_without_broker_or_node(name: str) -> None:
+    env = {key: value for key, value in AGENT_HOST_ENV.items() if key != name}
+    with pytest.raises(MissingVariable, match=f"^{name}: set {name} to"):
+        compose_file(env, AGENT_COMPOSE)
+
+
+def test_the_agent_only_services_are_the_production_files_agent_and_watchdog() -> None:
+    """The same agent and watchdog as docker-compose.yml, but the broker: a URL, not the
+    `redis` service of that file (which is not there)."""
+    env = {**AGENT_HOST_ENV, "REDIS_PASSWORD": "pw"}
+    alone = compose_file(env, AGENT_COMPOSE)["services"]
+    full = compose_file(env)["services"]
+    assert alone["watchdog"] == full["watchdog"]
+    agent, production = alone["agent"], full["agent"]
+    assert {k: v for k, v in agent.items() if k not in ("environment", "depends_on")} == {
+        k: v for k, v in production.items() if k not in ("environment", "depends_on")
+    }
+    differ = {k for k in production["environment"] if agent["environment"].get(k, "-") !=
+              production["environment"][k]}  # fmt: skip
+    assert differ == {"PORTAL_BROKER_URL"}
+    assert set(agent["environment"]) == set(production["environment"])
+    assert production["depends_on"] == {
+        **agent["depends_on"],
+        "redis": {"condition": "service_healthy"},
+    }
+
+
+@needs_compose
+def test_docker_compose_config_accepts_the_agent_only_file() -> None:
+    assert COMPOSE is not None
+    result = subprocess.run(
+        [COMPOSE, "--project-directory", str(PROJECT), "-f", str(AGENT_COMPOSE), "config", "-q"],
+        capture_output=True, text=True, timeout=60, cwd=PROJECT,
+        env={**os.environ, **AGENT_HOST_ENV},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
