@@ -25,6 +25,7 @@ PORTAL_AGENT_FENCE_FRACTION of the lease, so a requeued attempt never overlaps t
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -37,7 +38,7 @@ from portal.agents.drain import drains_enforce
 from portal.agents.models import Dispatch
 from portal.agents.trust import forget_old_nonces, forget_old_refusals
 from portal.cluster.models import Node
-from portal.jobs.attempts import attempt_lose
+from portal.jobs.attempts import attempt_finish, attempt_lose
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 
 log = logging.getLogger("portal.agents")
@@ -87,15 +88,34 @@ def _mark_lost_nodes(now: datetime, result: ReapResult) -> list[int]:
 def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> None:
     if not node_ids:
         return
-    on_nodes = set(
-        Allocation.objects.filter(
-            released_at__isnull=True, slice__gpu__node_id__in=node_ids
-        ).values_list("job_id", flat=True)
-    )
+    on_nodes: dict[int, set[str]] = defaultdict(set)
+    for job_id, name in Allocation.objects.filter(
+        released_at__isnull=True, slice__gpu__node_id__in=node_ids
+    ).values_list("job_id", "slice__gpu__node__name"):
+        on_nodes[job_id].add(name)
     holding = Job.objects.filter(
-        Q(pk__in=on_nodes) | Q(node_id__in=node_ids), state__in=HOLDING_STATES
+        Q(pk__in=list(on_nodes)) | Q(node_id__in=node_ids), state__in=HOLDING_STATES
     ).select_related("node")
+    stop_gangs: list[int] = []
     for job in holding:
+        if job.multi_node and job.pk in on_nodes:
+            # The gang's parts on those nodes are lost (their slices are freed); the others
+            # are stopped, and the job is requeued once they ended (portal.jobs.attempts).
+            for name in sorted(on_nodes[job.pk]):
+                attempt_finish(
+                    job_id=job.pk,
+                    attempt=job.attempt,
+                    outcome="lost",
+                    node=name,
+                    exit_code=None,
+                    error=f"agent on {name} stopped sending heartbeats",
+                    finished_at=now,
+                    started_at=None,
+                    now=now,
+                )
+            stop_gangs.append(job.pk)
+            result.jobs_lost += 1
+            continue
         where = job.node.name if job.node else "its node"
         if attempt_lose(
             job_id=job.pk,
@@ -104,6 +124,8 @@ def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> Non
             now=now,
         ):
             result.jobs_lost += 1
+    if stop_gangs:
+        request_stops(stop_gangs, now=now)
 
 
 def _resend_launches(now: datetime, result: ReapResult) -> None:
