@@ -490,11 +490,13 @@ def attempt_settle_late(
     if to is None:
         return None
     row = (
-        Job.objects.filter(pk=job_id)
+        Job.objects.filter(pk=job_id, multi_node=False)
         .values_list("state", "attempt", "started_at", "node__name")
         .first()
     )
     if row is None:
+        # Also a multi-node gang: one part's result is not the gang's (its other parts were
+        # stopped when it was lost), so a late one never ends the job.
         return None
     state, current, current_start, current_node = row
     # A requeue keeps the attempt number (the next assignment counts it up): PENDING at the

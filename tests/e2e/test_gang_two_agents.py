@@ -1,5 +1,6 @@
 """A two-node gang through every real process: two agents (one whole GPU each, described),
-one job that needs both GPUs, each node's part printing its rendezvous environment.
+one job that needs both GPUs, each node's part printing its rendezvous environment and then
+meeting the other part at MASTER_ADDR:MASTER_PORT over TCP.
 
 Both parts must get the same MASTER_ADDR / MASTER_PORT / WORLD_SIZE and their own ranks, the
 job must be RUNNING only once both started, and it succeeds once both finished. The test
@@ -24,9 +25,34 @@ from portal.tenants.tokens import token_issue
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ONE_WHOLE_GPU = json.dumps({"gpus": [{"mode": "whole", "count": 1}]})
-PRINT_RENDEZVOUS = (
-    f"import os\nfor key in {GANG_ENV_KEYS!r}:\n    print(key + '=' + os.environ.get(key, ''))\n"
-)
+# Prints the rendezvous, then meets the other rank there: rank 0 listens on MASTER_ADDR:
+# MASTER_PORT, rank 1 connects and says who it is, as a launcher's TCP store would.
+RENDEZVOUS = f"""
+import os, socket, time
+for key in {GANG_ENV_KEYS!r}:
+    print(key + "=" + os.environ.get(key, ""), flush=True)
+address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if os.environ["NODE_RANK"] == "0":
+    with socket.create_server((address, port)) as server:
+        server.settimeout(60)
+        peer, _ = server.accept()
+        with peer:
+            print("rank 0 met: " + peer.recv(100).decode(), flush=True)
+            peer.sendall(b"welcome")
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            peer = socket.create_connection((address, port), timeout=5)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    with peer:
+        peer.sendall(("rank " + os.environ["RANK"] + " of " + os.environ["WORLD_SIZE"]).encode())
+        print("rank 1 heard: " + peer.recv(100).decode(), flush=True)
+"""
 JOB_TIMEOUT_S = 90.0
 
 
@@ -45,7 +71,12 @@ def test_a_two_node_gang_gets_its_rendezvous_on_both_agents_and_both_parts_finis
     tmp_path: Path,
 ) -> None:
     call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
-    agent_env = {"PORTAL_AGENT_INVENTORY": ONE_WHOLE_GPU, "PORTAL_AGENT_GPU_SOURCE": "described"}
+    agent_env = {
+        "PORTAL_AGENT_INVENTORY": ONE_WHOLE_GPU,
+        "PORTAL_AGENT_GPU_SOURCE": "described",
+        # The parts must reach each other: here both hosts are this one.
+        "PORTAL_AGENT_JOB_NETWORK": "host",
+    }
     with PortalStack(tmp_path, web=True, agents=2, agent_env=agent_env) as stack:
         assert stack.url is not None
         api = PortalClient(stack.url, _alice_token())
@@ -53,7 +84,7 @@ def test_a_two_node_gang_gets_its_rendezvous_on_both_agents_and_both_parts_finis
             name="gang-of-two",
             team="vision",
             image="python:3.11-slim",
-            command=["python3", "-c", PRINT_RENDEZVOUS],
+            command=["python3", "-c", RENDEZVOUS],
             gpu={"kind": "whole", "count": 2, "multi_node": True},
         )
 
@@ -95,6 +126,8 @@ def test_a_two_node_gang_gets_its_rendezvous_on_both_agents_and_both_parts_finis
                 "NODE_RANK": str(rank),
                 "GROUP_RANK": str(rank),
             }, logs[rank]
+        assert "rank 0 met: rank 1 of 2" in logs[0], logs[0]
+        assert "rank 1 heard: welcome" in logs[1], logs[1]
 
         running = JobEvent.objects.get(job_id=done.pk, from_state="ASSIGNED", to_state="RUNNING")
         assert running.message == "started on all 2 nodes"

@@ -304,3 +304,43 @@ def test_a_heartbeat_records_where_the_node_is_reached(gang):
     assert Node.objects.get(name=A).address == A_ADDRESS
     register_node(A, description={"gpus": [{"mode": "whole", "count": 3}]}, address="fd00::7")
     assert Node.objects.get(name=A).address == "fd00::7"
+
+
+def test_a_late_success_of_one_part_never_ends_a_requeued_gang(gang):
+    _run_both(gang)
+    Node.objects.filter(name=B).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    reap_lost_agents()
+    deliver(finished(gang.pk, 1, node=A, outcome="cancelled", exit_code=143))
+    assert _state(gang) == S.PENDING
+    # gpu-b comes back with the result its part had before its node was cut off.
+    register_node(B, description={"gpus": [{"mode": "whole", "count": 2}]}, address=B_ADDRESS)
+    deliver(finished(gang.pk, 1, node=B, outcome="succeeded", exit_code=0))
+    assert _state(gang) == S.PENDING
+
+
+def test_a_gang_not_started_in_time_is_asked_about_on_every_node(gang, settings):
+    settings.LAUNCH_TIMEOUT_S = 30
+    deliver(started(gang.pk, 1, node=A))  # gpu-b's part never starts
+    with capture_sent_messages() as sent:
+        result = reap_lost_agents()
+    assert result.launches_queried == 2
+    assert sorted(q for _, q in sent.queries()) == ["node.gpu-a", "node.gpu-b"]
+    # gpu-b has no record of it: its part is lost, gpu-a's is stopped.
+    with capture_sent_messages() as sent:
+        deliver(finished(gang.pk, 1, node=B, outcome="unknown", exit_code=None))
+    assert GangPart.objects.get(job=gang, node__name=B).outcome == "unknown"
+    assert Job.objects.get(pk=gang.pk).stop_reason == GANG_STOP
+
+
+def test_the_stop_of_a_gang_whose_first_node_was_lost_is_sent_again_to_the_others(gang, settings):
+    settings.STOP_RESEND_S = 0
+    _run_both(gang)
+    Node.objects.filter(name=A).update(last_heartbeat_at=timezone.now() - timedelta(hours=1))
+    with capture_sent_messages() as sent:
+        reap_lost_agents()
+    assert [q for _, q in sent.stops()] == ["node.gpu-b"]
+    with capture_sent_messages() as sent:
+        result = reap_lost_agents()  # that stop got no answer
+    assert result.stops_resent == 1
+    assert [q for _, q in sent.stops()] == ["node.gpu-b"]
+    assert _state(gang) == S.RUNNING  # not lost again: gpu-b's part still runs
