@@ -411,37 +411,29 @@ def gang_part_finish(
                     at=now,
                 )
             return state
-        last_end = max(p.ended_at or now for p in ended)
         failures = sorted(
             (p for p in ended if p.outcome != "succeeded"),
             key=lambda p: (p.recorded_at or now, p.rank),
         )
-        if not failures:
-            return _attempt_ends(
-                job_id=job_id,
-                attempt=attempt,
-                state=state,
-                stop_reason=stop_reason,
-                outcome="succeeded",
-                node=f"all {len(members)} nodes",
-                exit_code=0,
-                error="",
-                finished_at=last_end,
-                started_at=None,
-                now=now,
-            )
-        first = failures[0]
+        # The first part that failed decides; it ended before any stop of the gang's own, so
+        # its outcome stands. Else every part succeeded.
+        first = failures[0] if failures else None
         return _attempt_ends(
             job_id=job_id,
             attempt=attempt,
             state=state,
-            # The first part ended before any stop of the gang's own: its outcome stands.
             stop_reason="" if stop_reason == GANG_STOP else stop_reason,
-            outcome=first.outcome,
-            node=f"{first.node.name} (rank {first.rank} of {len(members)} nodes)",
-            exit_code=first.exit_code,
-            error=f"rank {first.rank} on {first.node.name}: {first.error or first.outcome}",
-            finished_at=last_end,
+            outcome=first.outcome if first else "succeeded",
+            node=(
+                f"{first.node.name} (rank {first.rank} of {len(members)} nodes)"
+                if first
+                else f"all {len(members)} nodes"
+            ),
+            exit_code=first.exit_code if first else 0,
+            error=(f"rank {first.rank} on {first.node.name}: {first.error or first.outcome}")
+            if first
+            else "",
+            finished_at=max(p.ended_at or now for p in ended),
             started_at=None,
             now=now,
         )
