@@ -344,3 +344,17 @@ def test_the_stop_of_a_gang_whose_first_node_was_lost_is_sent_again_to_the_other
     assert result.stops_resent == 1
     assert [q for _, q in sent.stops()] == ["node.gpu-b"]
     assert _state(gang) == S.RUNNING  # not lost again: gpu-b's part still runs
+
+
+def test_a_heartbeat_of_a_node_whose_part_ended_does_not_ask_about_the_gang(
+    gang, settings, django_capture_on_commit_callbacks
+):
+    settings.RECONCILE_GRACE_S = 0
+    _run_both(gang)
+    Job.objects.filter(pk=gang.pk).update(started_at=timezone.now() - timedelta(minutes=5))
+    deliver(finished(gang.pk, 1, node=A))  # rank 0 is done; gpu-b's part runs on
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        register_node(A, description={"gpus": [{"mode": "whole", "count": 3}]}, address=A_ADDRESS)
+        # gpu-b's heartbeat not listing its running part is asked about, as for any job.
+        register_node(B, description={"gpus": [{"mode": "whole", "count": 2}]}, address=B_ADDRESS)
+    assert [q for _, q in sent.queries()] == ["node.gpu-b"]
