@@ -90,6 +90,10 @@ try:
     JOB_PIDS_LIMIT = env_int("PORTAL_JOB_PIDS_LIMIT", 4096, minimum=16)
     # Every team's containers get a read-only root filesystem (a team may also ask for it).
     JOB_READ_ONLY_ROOTFS = env_bool("PORTAL_JOB_READ_ONLY_ROOTFS", False)
+    # A multi-node gang's MASTER_PORT: GANG_PORT_BASE + job id mod GANG_PORTS (29500-31499 by
+    # default, torchrun's port and up, below Linux's ephemeral range; docs/agent.md, "Gangs").
+    GANG_PORT_BASE = env_int("PORTAL_GANG_PORT_BASE", 29500, minimum=1024)
+    GANG_PORTS = env_int("PORTAL_GANG_PORTS", 2000, minimum=1)
     # Seconds a stopped job gets between SIGTERM and SIGKILL.
     STOP_GRACE_S = env_float("PORTAL_STOP_GRACE_S", 10.0, minimum=0.0)
     # Half-life of fair-share usage, in seconds (default 7 days).

@@ -195,6 +195,11 @@ class PortalStack:
         names = ", ".join(agent.node for agent in self.agents)
         self.wait_for(self._nodes_registered, START_TIMEOUT_S, f"node(s) {names} registered")
 
+    @property
+    def nodes(self) -> list[str]:
+        """The node names of the stack's agents, the first one first."""
+        return [agent.node for agent in self.agents]
+
     def agent_workdir(self, node: str) -> Path:
         if len(self.agents) == 1:
             return self.var_dir / "agent"

@@ -214,8 +214,11 @@ class Agent:
         previous_boot: str = "",
         write_lease_file: bool = True,
         mps: MpsSupervisor | None = None,
+        address: str = "",
     ) -> None:
         self.node = node
+        # Where other hosts reach this one, told in every heartbeat (a gang's MASTER_ADDR).
+        self.address = address
         self.inventory = inventory
         self.workdir = workdir
         self._send = send
@@ -365,6 +368,7 @@ class Agent:
         return Heartbeat(
             node=self.node,
             boot=self.boot,
+            address=self.address,
             previous_boot=self.previous_boot,
             seq=self._heartbeat_seq,
             agent_version=AGENT_VERSION,
@@ -644,6 +648,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         boot=boot,
         previous_boot=previous_boot,
         mps=mps,
+        address=settings.address,
     )
     if settings.launcher == "docker":
         # Containers outlive the agent: before any is adopted or started, make sure the
@@ -654,9 +659,11 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     agent.supervisor.recover(mps.adopted(adopt_runs(launcher, agent.journal), agent.journal))
     register_tasks(app, agent)
     log.info(
-        "agent %s (run %s): %d GPUs (%s), launcher %s, queue %s, %d report(s) in the outbox",
+        "agent %s (run %s, address %s): %d GPUs (%s), launcher %s, queue %s, %d report(s) in "
+        "the outbox",
         settings.node,
         boot,
+        settings.address,
         len(inventory.gpus),
         inventory.driver,
         launcher.name,

@@ -89,6 +89,9 @@ STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 OUTCOMES: tuple[str, ...] = get_args(Outcome)
 
 NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+# Where other hosts reach a node (a multi-node gang's MASTER_ADDR): a host name, an IPv4 or an
+# IPv6 address; empty from agents older than the field.
+ADDRESS_PATTERN = r"^(?:[A-Za-z0-9][A-Za-z0-9.:_-]{0,252})?$"
 # A Docker network a job's container may join (never `host`, never `container:<id>`).
 NETWORK_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 NO_NETWORK = "none"
@@ -440,12 +443,15 @@ class Heartbeat(_Message, frozen=True, tag="heartbeat", kw_only=True):
     on the same work directory, so the portal can tell a restart from a second agent claiming
     the node. `seq` counts heartbeats within the run. `running` lists every attempt the agent
     supervises; `finished` every ended attempt whose `finished` report is not acknowledged
-    yet, so the portal can settle from the heartbeat what a report has not told it."""
+    yet, so the portal can settle from the heartbeat what a report has not told it.
+    `address` is where other hosts reach this one (a gang's MASTER_ADDR), empty from agents
+    older than the field."""
 
     TYPE: ClassVar[str] = "heartbeat"
 
     node: NodeName
     boot: NonEmpty
+    address: Annotated[str, Meta(pattern=ADDRESS_PATTERN)] = ""
     previous_boot: str = ""
     seq: Seq = 0
     agent_version: str

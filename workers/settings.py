@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from workers.inventory import GPU_SOURCES
 from workers.limits import MIN_MEMORY_BYTES, NO_LIMITS, AddressSpace, JobLimits
 from workers.policy import POLICY_FILE_VARIABLE, HostPolicy, host_size, load_host_policy
+from workers.protocol import ADDRESS_PATTERN
 from workers.signing import key_from_text
 
 LAUNCHERS = ("process", "docker")
@@ -78,6 +79,9 @@ class AgentSettings:
     # The Docker launcher's container policy (docs/agent.md, "Container policy"); None: the
     # built-in one.
     container_policy: HostPolicy | None = None
+    # Where other hosts reach this one (a multi-node gang's MASTER_ADDR when it is the first
+    # node; docs/agent.md, "Multi-node gangs").
+    address: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> AgentSettings:
@@ -93,9 +97,11 @@ class AgentSettings:
             )
         var_dir = Path(get("PORTAL_VAR_DIR") or ".var")
         workdir = Path(get("PORTAL_AGENT_WORKDIR") or var_dir / "agent" / node).resolve()
+        broker_url = _broker_url(env, var_dir)
         return cls(
             node=node,
-            broker_url=_broker_url(env, var_dir),
+            broker_url=broker_url,
+            address=_address(get, broker_url),
             heartbeat_s=_positive(get, "PORTAL_AGENT_HEARTBEAT_S", 2.0),
             launcher=_choice(get, "PORTAL_AGENT_LAUNCHER", LAUNCHERS),
             workdir=workdir,
@@ -298,6 +304,39 @@ def _positive(
     if not value > 0 or value != value:  # rejects 0, negatives and NaN
         raise SettingsError(f"{name}: must be {kind}; got {raw!r}")
     return value
+
+
+def _address(get: Getter, broker_url: str) -> str:
+    """PORTAL_AGENT_ADDRESS, else ``default_address`` of the broker."""
+    raw = get("PORTAL_AGENT_ADDRESS")
+    if raw is None:
+        return default_address(broker_url)
+    if not re.fullmatch(ADDRESS_PATTERN, raw) or not raw:
+        raise SettingsError(
+            f"PORTAL_AGENT_ADDRESS: must be a host name, an IPv4 or an IPv6 address "
+            f"(letters, digits, '.', ':', '_', '-'; at most 253 characters); got {raw!r}"
+        )
+    return raw
+
+
+def default_address(broker_url: str) -> str:
+    """The address of this host that other hosts are most likely to reach: the local end of
+    the route to the broker's host (a UDP socket connected there; no packet is sent), so an
+    agent on a broker's network names its address on that network. 127.0.0.1 for a broker on
+    a unix socket (one host), and the host name when no route is found."""
+    parts = urlsplit(broker_url)
+    if parts.scheme == "redis+socket":
+        return "127.0.0.1"
+    host = parts.hostname or "127.0.0.1"
+    try:
+        family, _, _, _, where = socket.getaddrinfo(
+            host, parts.port or 6379, type=socket.SOCK_DGRAM
+        )[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(where)
+            return str(probe.getsockname()[0])
+    except OSError:
+        return socket.gethostname()
 
 
 def _broker_url(env: Mapping[str, str], var_dir: Path) -> str:

@@ -26,6 +26,7 @@ from portal.agents.models import Dispatch
 from portal.agents.trust import seal_for
 from portal.celery import app
 from portal.jobs.attempts import attempt_end
+from portal.jobs.gangs import GangMember, gang_members, rendezvous_env
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.policy import scheduler_config
 from workers.protocol import (
@@ -74,7 +75,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     jobs = {
         job.pk: job
         for job in Job.objects.filter(pk__in=job_ids, state=JobState.ASSIGNED).select_related(
-            "team", "user"
+            "team", "user", "node"
         )
     }
     devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
@@ -100,9 +101,20 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
             log.error("job %s attempt %s is ASSIGNED without slices", job.pk, job.attempt)
             continue
         ok = False
+        # The layout counts every part, also one that ended already (a resend of the launch
+        # to the others must give them the same ranks).
+        gang = (
+            gang_members(
+                job_id=job.pk, attempt=job.attempt, first=job.node.name if job.node else ""
+            )
+            if job.multi_node
+            else ()
+        )
         for node, node_devices in by_node.items():
             try:
-                message = launch_message(job, node_devices, node=node, units=units[job.pk, node])
+                message = launch_message(
+                    job, node_devices, node=node, units=units[job.pk, node], gang=gang
+                )
             except ProtocolError as error:
                 _fail_unlaunchable(job, str(error))
                 ok = False
@@ -115,9 +127,18 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     return sent
 
 
-def launch_message(job: Job, devices: Sequence[Device], *, node: str, units: float) -> Launch:
+def launch_message(
+    job: Job,
+    devices: Sequence[Device],
+    *,
+    node: str,
+    units: float,
+    gang: Sequence[GangMember] = (),
+) -> Launch:
     """The launch of the job's current attempt on ``devices`` of ``node``, which hold ``units``
-    GPU units (raises ProtocolError if the stored job cannot be expressed as a valid launch)."""
+    GPU units; for a multi-node gang, ``gang`` is its members (``node`` among them), whose
+    rendezvous the launch's env carries (raises ProtocolError if the stored job cannot be
+    expressed as a valid launch)."""
     message = Launch(
         node=node,
         job_id=job.pk,
@@ -127,7 +148,7 @@ def launch_message(job: Job, devices: Sequence[Device], *, node: str, units: flo
         user=job.user.get_username(),
         image=job.image,
         command=tuple(str(arg) for arg in job.command or ()),
-        env=launch_env(job),
+        env=launch_env(job, gang=gang, node=node),
         devices=tuple(devices),
         time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
         policy=container_policy(job, units=units),
@@ -136,13 +157,16 @@ def launch_message(job: Job, devices: Sequence[Device], *, node: str, units: flo
     return message
 
 
-def launch_env(job: Job) -> dict[str, str]:
-    """The job's env, and for a member of a job array PORTAL_ARRAY_ID and PORTAL_ARRAY_INDEX
-    (a user may not set PORTAL_* names, so these are the portal's own)."""
+def launch_env(job: Job, *, gang: Sequence[GangMember] = (), node: str = "") -> dict[str, str]:
+    """The job's env; for a member of a job array PORTAL_ARRAY_ID and PORTAL_ARRAY_INDEX (a
+    user may not set PORTAL_* names, so these are the portal's own); for ``node``'s part of a
+    multi-node gang its rendezvous (portal.jobs.gangs), over the user's values."""
     env = {str(k): str(v) for k, v in (job.env or {}).items()}
     if job.array_id is not None:
         env["PORTAL_ARRAY_ID"] = str(job.array_id)
         env["PORTAL_ARRAY_INDEX"] = str(job.array_index)
+    if gang:
+        env.update(rendezvous_env(gang, node=node, job_id=job.pk))
     return env
 
 

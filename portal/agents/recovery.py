@@ -25,11 +25,12 @@ PORTAL_AGENT_FENCE_FRACTION of the lease, so a requeued attempt never overlaps t
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, request_stops, send_launches, send_queries
@@ -37,7 +38,7 @@ from portal.agents.drain import drains_enforce
 from portal.agents.models import Dispatch
 from portal.agents.trust import forget_old_nonces, forget_old_refusals
 from portal.cluster.models import Node
-from portal.jobs.attempts import attempt_lose
+from portal.jobs.attempts import attempt_finish, attempt_lose
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 
 log = logging.getLogger("portal.agents")
@@ -87,15 +88,37 @@ def _mark_lost_nodes(now: datetime, result: ReapResult) -> list[int]:
 def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> None:
     if not node_ids:
         return
-    on_nodes = set(
-        Allocation.objects.filter(
-            released_at__isnull=True, slice__gpu__node_id__in=node_ids
-        ).values_list("job_id", flat=True)
-    )
+    on_nodes: dict[int, set[str]] = defaultdict(set)
+    for job_id, name in Allocation.objects.filter(
+        released_at__isnull=True, slice__gpu__node_id__in=node_ids
+    ).values_list("job_id", "slice__gpu__node__name"):
+        on_nodes[job_id].add(name)
     holding = Job.objects.filter(
-        Q(pk__in=on_nodes) | Q(node_id__in=node_ids), state__in=HOLDING_STATES
+        Q(pk__in=list(on_nodes)) | Q(node_id__in=node_ids), state__in=HOLDING_STATES
     ).select_related("node")
+    stop_gangs: list[int] = []
     for job in holding:
+        if job.multi_node:
+            # The gang's parts on those nodes are lost (their slices are freed); the others
+            # are stopped, and the job is requeued once they ended (portal.jobs.attempts). A
+            # gang whose parts there ended already (its first node, lost before) runs on.
+            if job.pk not in on_nodes:
+                continue
+            for name in sorted(on_nodes[job.pk]):
+                attempt_finish(
+                    job_id=job.pk,
+                    attempt=job.attempt,
+                    outcome="lost",
+                    node=name,
+                    exit_code=None,
+                    error=f"agent on {name} stopped sending heartbeats",
+                    finished_at=now,
+                    started_at=None,
+                    now=now,
+                )
+            stop_gangs.append(job.pk)
+            result.jobs_lost += 1
+            continue
         where = job.node.name if job.node else "its node"
         if attempt_lose(
             job_id=job.pk,
@@ -104,6 +127,8 @@ def _lose_jobs_on(node_ids: list[int], now: datetime, result: ReapResult) -> Non
             now=now,
         ):
             result.jobs_lost += 1
+    if stop_gangs:
+        request_stops(stop_gangs, now=now)
 
 
 def _resend_launches(now: datetime, result: ReapResult) -> None:
@@ -123,12 +148,28 @@ def _resend_launches(now: datetime, result: ReapResult) -> None:
     asked = recently_sent(
         Dispatch.Kind.QUERY, keys, now - timedelta(seconds=settings.QUERY_RESEND_S)
     )
+    # A multi-node gang not started in time is asked about on every node its attempt holds
+    # slices on: the part that did not start may be on any of them.
+    gang_nodes: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for job_id, attempt, name in (
+        Allocation.objects.filter(
+            job__in=[pk for pk, _, assigned_at, _ in waiting if assigned_at < give_up_before],
+            job__multi_node=True,
+            attempt=F("job__attempt"),
+            released_at__isnull=True,
+        )
+        .values_list("job_id", "attempt", "slice__gpu__node__name")
+        .distinct()
+        .order_by("slice__gpu__node__name")
+    ):
+        gang_nodes[job_id, attempt].append(name)
     resend = []
     ask: list[tuple[str, int, int]] = []
     for job_id, attempt, assigned_at, node in waiting:
         if assigned_at < give_up_before:
             if (job_id, attempt) not in asked:
-                ask.append((node, job_id, attempt))
+                for name in gang_nodes.get((job_id, attempt)) or [node]:
+                    ask.append((name, job_id, attempt))
         elif (job_id, attempt) not in recent:
             resend.append(job_id)
     if resend:
@@ -143,9 +184,11 @@ def _resend_stops(now: datetime, result: ReapResult) -> None:
     resend_before = now - timedelta(seconds=settings.STOP_RESEND_S)
     stopping = list(
         Job.objects.filter(
+            # A gang's parts may run on after its first node was lost: the stop goes to
+            # every node where a part still holds slices.
+            Q(node__state__in=[Node.State.READY, Node.State.DRAINED]) | Q(multi_node=True),
             state__in=HOLDING_STATES,
             stop_requested_at__lt=resend_before,
-            node__state__in=[Node.State.READY, Node.State.DRAINED],
         ).values_list("pk", "attempt")
     )
     recent = recently_sent(Dispatch.Kind.STOP, stopping, resend_before)

@@ -17,13 +17,14 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from portal.agents.dispatch import recently_sent, send_queries, send_stop_attempt
+from portal.agents.dispatch import recently_sent, request_stop, send_queries, send_stop_attempt
 from portal.agents.gpu_metrics import record_gpu_samples
 from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMessage
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
 from portal.jobs.attempts import attempt_finish, attempt_settle_late, attempt_start
+from portal.jobs.gangs import gang_members
 from portal.jobs.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -113,6 +114,7 @@ def record_started(msg: Started, *, now: datetime) -> None:
             started_at=_at(msg.started_at),
             message=f"started on {msg.node}",
             at=now,
+            node=msg.node,
         ):
             _stop_if_orphan(msg.node, msg.job_id, msg.attempt)
 
@@ -134,12 +136,24 @@ def _stop_if_orphan(node: str, job_id: int, attempt: int) -> None:
 
 
 def record_log(msg: LogChunk) -> None:
-    current = Job.objects.filter(pk=msg.job_id).values_list("attempt", flat=True).first()
-    if current is None or msg.attempt > current or msg.attempt < 1:
+    """A chunk of output, once per (job, attempt, part, seq): the part is the rank of the
+    node that sent it in a multi-node gang (each node numbers its chunks), else 0."""
+    row = (
+        Job.objects.filter(pk=msg.job_id).values_list("attempt", "multi_node", "node__name").first()
+    )
+    if row is None or msg.attempt > row[0] or msg.attempt < 1:
         log.warning("dropped log chunk of unknown job %s attempt %s", msg.job_id, msg.attempt)
         return
+    part = 0
+    if row[1]:
+        members = gang_members(job_id=msg.job_id, attempt=msg.attempt, first=row[2] or "")
+        part = next((m.rank for m in members if m.node == msg.node), 0)
     JobLogChunk.objects.bulk_create(
-        [JobLogChunk(job_id=msg.job_id, attempt=msg.attempt, seq=msg.seq, data=msg.data)],
+        [
+            JobLogChunk(
+                job_id=msg.job_id, attempt=msg.attempt, part=part, seq=msg.seq, data=msg.data
+            )
+        ],
         ignore_conflicts=True,
     )
 
@@ -156,6 +170,12 @@ def record_finished(msg: Finished, *, now: datetime) -> None:
         started_at=None if msg.started_at is None else _at(msg.started_at),
         now=now,
     )
+    if ended in HOLDING_STATES:
+        # One part of a multi-node gang ended, the others run: if it ended otherwise than
+        # succeeded, their stop was asked for (sent only where one was).
+        job_id = msg.job_id
+        transaction.on_commit(lambda: request_stop(job_id))
+        return
     if ended is not None:
         return
     late = attempt_settle_late(
@@ -291,6 +311,7 @@ def _accept_agent_run(msg: Heartbeat, now: datetime) -> tuple[Node, bool]:
         NodeCredential.objects.filter(pk=credential.pk).update(boot=msg.boot, boot_since=now)
     fields: dict[str, Any] = {
         "hostname": msg.inventory.hostname,
+        "address": msg.address,
         "driver": msg.inventory.driver,
         "agent_version": msg.agent_version,
         "last_heartbeat_at": now,
@@ -350,7 +371,8 @@ def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
     held = {
         pk: (attempt, state, started_at or assigned_at)
         for pk, attempt, state, started_at, assigned_at in Job.objects.filter(
-            Q(node=node)
+            # A gang runs on this node only while its part here holds slices.
+            Q(node=node, multi_node=False)
             | Q(
                 allocations__slice__gpu__node=node,
                 allocations__released_at__isnull=True,
@@ -370,6 +392,7 @@ def _settle_running(node: Node, msg: Heartbeat, now: datetime) -> None:
                 started_at=_at(running.started_at),
                 message=f"started on {node.name} (from its heartbeat)",
                 at=now,
+                node=node.name,
             )
     cutoff = msg.sent_at - settings.RECONCILE_GRACE_S
     unmentioned = [

@@ -39,14 +39,17 @@ def heartbeat(
     sent_at: float | None = None,
     boot: str = BOOT,
     previous_boot: str = "",
+    address: str = "",
 ) -> dict[str, Any]:
     """A heartbeat dict with the described inventory (the default: 2 whole GPUs, one MIG GPU
     3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares). ``running`` takes
     (job, attempt) pairs (not started yet) or RunningAttempt records; ``finished`` takes
-    dicts made by ``finished()``."""
+    dicts made by ``finished()``; ``address`` is where the node is reached (empty: what an
+    agent older than the field sends)."""
     return Heartbeat(
         node=node,
         boot=boot,
+        address=address,
         previous_boot=previous_boot,
         seq=next(_heartbeat_seq),
         agent_version=AGENT_VERSION,
@@ -79,10 +82,13 @@ def register_node(
     *,
     description: Mapping[str, Any] | None = None,
     now: datetime | None = None,
+    address: str = "",
 ) -> Node:
     """Register (or refresh) a node the way its agent does: a key, then a heartbeat."""
     when = now or timezone.now()
-    verdict = deliver(heartbeat(node, description=description, sent_at=when.timestamp()))
+    verdict = deliver(
+        heartbeat(node, description=description, sent_at=when.timestamp(), address=address)
+    )
     if verdict != "heartbeat":
         raise AssertionError(f"the heartbeat of {node} was not accepted: {verdict}")
     return Node.objects.get(name=node)

@@ -15,6 +15,9 @@ class Node(models.Model):
 
     name = models.CharField(max_length=128, unique=True)
     hostname = models.CharField(max_length=255, blank=True)
+    # Where other hosts reach this one, as its agent reports it (PORTAL_AGENT_ADDRESS): a
+    # multi-node gang's MASTER_ADDR when this is its first node. Empty from older agents.
+    address = models.CharField(max_length=253, blank=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.READY)
     # Who cordoned it and when (state DRAINED), for the Nodes page; the history is NodeEvent.
     cordoned_at = models.DateTimeField(null=True, blank=True)

@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied
 from portal.cluster.admin import ReadOnlyAdmin
 from portal.jobs.models import (
     Allocation,
+    GangPart,
     Job,
     JobArray,
     JobDependency,
@@ -164,10 +165,10 @@ class JobDependencyAdmin(admin.ModelAdmin):
 
 @admin.register(JobLogChunk)
 class JobLogChunkAdmin(admin.ModelAdmin):
-    list_display = ["job", "attempt", "seq", "received_at"]
+    list_display = ["job", "attempt", "part", "seq", "received_at"]
     search_fields = ["=job__id"]
     list_select_related = ["job"]
-    readonly_fields = ["job", "attempt", "seq", "data", "received_at"]
+    readonly_fields = ["job", "attempt", "part", "seq", "data", "received_at"]
 
     def has_add_permission(self, request: Any) -> bool:
         return False
@@ -183,6 +184,16 @@ class JobArrayAdmin(ReadOnlyAdmin):
     search_fields = ["=id", "name", "user__username", "team__name"]
     list_select_related = ["team", "user"]
     date_hierarchy = "created_at"
+
+
+@admin.register(GangPart)
+class GangPartAdmin(ReadOnlyAdmin):
+    """Each node's part of a multi-node gang's attempts (docs/agent.md, "Multi-node gangs")."""
+
+    list_display = ["job", "attempt", "rank", "node", "started_at", "ended_at", "outcome"]
+    list_filter = ["outcome"]
+    search_fields = ["=job__id", "node__name"]
+    list_select_related = ["job", "node"]
 
 
 @admin.register(Allocation)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -22,8 +22,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.accounting.services import charge_attempt
-from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobEvent, JobState
-from portal.jobs.transitions import Note, record_events, transition
+from portal.jobs.gangs import GangMember, gang_members
+from portal.jobs.models import HOLDING_STATES, Allocation, GangPart, Job, JobEvent, JobState
+from portal.jobs.transitions import Note, record_event, record_events, transition
 from portal.passes import schedule_pass_on_commit
 from portal.policy import scheduler_config
 from scheduler.units import billed_units
@@ -54,19 +55,35 @@ IDLE_RECLAIM = "idle_reclaim"
 IDLE_RECLAIMED = "IDLE_RECLAIMED"
 # Stop reasons that end the job: whatever the agent reports, it is not run again.
 _ENDING_STOPS = frozenset({"cancel", IDLE_RECLAIM})
+# The portal's own stop reason for the other parts of a multi-node gang once one part ended
+# otherwise than succeeded (sent as a cancel): the gang's end state is that part's.
+GANG_STOP = "gang"
 
 
 # --- start ------------------------------------------------------------------------------------
 
 
 def attempt_start(
-    *, job_id: int, attempt: int, started_at: datetime, message: str, at: datetime
+    *,
+    job_id: int,
+    attempt: int,
+    started_at: datetime,
+    message: str,
+    at: datetime,
+    node: str = "",
 ) -> bool:
     """ASSIGNED -> RUNNING, recording when the attempt really started.
 
     Guard: the job is ASSIGNED at ``attempt``. Returns False (and changes nothing) otherwise:
     a repeated ``started``, one that arrived after its ``finished``, or a stale attempt.
+
+    For a multi-node gang, ``node``'s part started (``gang_part_start``): the job is RUNNING
+    once every part has.
     """
+    if node and Job.objects.filter(pk=job_id, multi_node=True).exists():
+        return gang_part_start(
+            job_id=job_id, attempt=attempt, node=node, started_at=started_at, at=at
+        )
     left = transition(
         job_id,
         to=S.RUNNING,
@@ -151,10 +168,56 @@ def attempt_finish(
     A ``finished`` that overtook ``started`` (``started_at`` given, job still ASSIGNED)
     records the start first, so the job's history and times stay whole.
     """
-    row = Job.objects.filter(pk=job_id).values_list("state", "attempt", "stop_reason").first()
+    row = (
+        Job.objects.filter(pk=job_id)
+        .values_list("state", "attempt", "stop_reason", "multi_node")
+        .first()
+    )
     if row is None or row[0] not in HOLDING_STATES or row[1] != attempt:
         return None
-    to = end_state_for(outcome, row[2])
+    if row[3]:
+        return gang_part_finish(
+            job_id=job_id,
+            attempt=attempt,
+            outcome=outcome,
+            node=node,
+            exit_code=exit_code,
+            error=error,
+            finished_at=finished_at,
+            started_at=started_at,
+            now=now,
+        )
+    return _attempt_ends(
+        job_id=job_id,
+        attempt=attempt,
+        state=row[0],
+        stop_reason=row[2],
+        outcome=outcome,
+        node=node,
+        exit_code=exit_code,
+        error=error,
+        finished_at=finished_at,
+        started_at=started_at,
+        now=now,
+    )
+
+
+def _attempt_ends(
+    *,
+    job_id: int,
+    attempt: int,
+    state: str,
+    stop_reason: str,
+    outcome: str,
+    node: str,
+    exit_code: int | None,
+    error: str,
+    finished_at: datetime,
+    started_at: datetime | None,
+    now: datetime,
+) -> str | None:
+    """``attempt_finish`` of a job seen ``state`` (holding) with ``stop_reason``."""
+    to = end_state_for(outcome, stop_reason)
     if to == S.LOST:
         # The agent says the attempt is over without a result of its own (it was fenced, died
         # with an earlier agent run, or never ran here): requeued, within the retry bound.
@@ -165,14 +228,14 @@ def attempt_finish(
             now=now,
         )
     detail = error or outcome
-    if to == S.CANCELLED and row[2] == IDLE_RECLAIM:
+    if to == S.CANCELLED and stop_reason == IDLE_RECLAIM:
         detail = IDLE_RECLAIMED
     fields: dict[str, Any] = {"exit_code": exit_code}
     if to in _FINAL_STATES:
         fields.update(finished_at=min(finished_at, now), reason="" if to == S.SUCCEEDED else detail)
     exit_text = "" if exit_code is None else f", exit code {exit_code}"
     with transaction.atomic():
-        if row[0] == S.ASSIGNED and started_at is not None:
+        if state == S.ASSIGNED and started_at is not None:
             # Two control workers, or a job that ends at once: the reports crossed.
             attempt_start(
                 job_id=job_id,
@@ -201,6 +264,179 @@ def attempt_finish(
                 at=now,
             )
     return to
+
+
+# --- multi-node gangs ---------------------------------------------------------------------
+
+
+def _locked_gang(job_id: int, attempt: int) -> tuple[str, str, bool, str] | None:
+    """The gang's state, stop reason, whether a stop was asked and its first node, with its
+    row locked (on PostgreSQL), so two reports of its parts are applied one after the other;
+    None unless it holds slices at ``attempt``."""
+    rows = Job.objects.filter(pk=job_id, attempt=attempt, state__in=HOLDING_STATES)
+    if connection.features.has_select_for_update:
+        rows = rows.select_for_update(of=("self",))
+    row = rows.values_list("state", "stop_reason", "stop_requested_at", "node__name").first()
+    if row is None:
+        return None
+    return row[0], row[1], row[2] is not None, row[3] or ""
+
+
+def _gang_part(
+    job_id: int, attempt: int, node: str, first: str
+) -> tuple[GangPart | None, tuple[GangMember, ...]]:
+    """``node``'s part of the gang's attempt (made by its first report), and the members; no
+    part when the node holds none of the attempt's slices."""
+    members = gang_members(job_id=job_id, attempt=attempt, first=first)
+    member = next((m for m in members if m.node == node), None)
+    if member is None:
+        return None, members
+    part, _ = GangPart.objects.get_or_create(
+        job_id=job_id, attempt=attempt, node_id=member.node_id, defaults={"rank": member.rank}
+    )
+    return part, members
+
+
+def gang_part_start(
+    *, job_id: int, attempt: int, node: str, started_at: datetime, at: datetime
+) -> bool:
+    """``node``'s part of a multi-node gang started; ASSIGNED -> RUNNING once every part has
+    (the job's ``started_at`` is then the last part's start: all ranks run from there).
+
+    Guard: the job holds slices at ``attempt``, the node holds some of them, and the part's
+    start is not recorded yet. Returns False (and changes nothing) otherwise.
+    """
+    with transaction.atomic():
+        found = _locked_gang(job_id, attempt)
+        if found is None:
+            return False
+        state = found[0]
+        part, members = _gang_part(job_id, attempt, node, found[3])
+        if part is None:
+            return False
+        if not GangPart.objects.filter(pk=part.pk, started_at__isnull=True).update(
+            started_at=started_at
+        ):
+            return False
+        starts = list(
+            GangPart.objects.filter(
+                job_id=job_id, attempt=attempt, started_at__isnull=False
+            ).values_list("started_at", flat=True)
+        )
+        record_event(
+            job_id,
+            message=f"rank {part.rank} started on {node} ({len(starts)} of {len(members)} nodes)",
+            attempt=attempt,
+            at=at,
+        )
+        if state == S.ASSIGNED and len(starts) == len(members):
+            transition(
+                job_id,
+                to=S.RUNNING,
+                from_states=[S.ASSIGNED],
+                attempt=attempt,
+                message=f"started on all {len(members)} nodes",
+                at=at,
+                started_at=max(starts),
+            )
+    return True
+
+
+def gang_part_finish(
+    *,
+    job_id: int,
+    attempt: int,
+    outcome: str,
+    node: str,
+    exit_code: int | None,
+    error: str,
+    finished_at: datetime,
+    started_at: datetime | None,
+    now: datetime,
+) -> str | None:
+    """``node``'s part of a multi-node gang ended with ``outcome``.
+
+    Its slices are freed now (the other parts keep theirs until they end). The first part that
+    ends otherwise than succeeded has the others stopped (stop reason ``GANG_STOP``, unless a
+    stop was asked already; the caller sends it after commit). Once every part ended, the job
+    ends as ``attempt_finish`` ends a job: with the first such part's outcome, exit code and
+    error, or succeeded when every part did; it is charged for each slice until its part ended.
+
+    Guard: the job holds slices at ``attempt``, the node holds some of them, and the part's
+    end is not recorded yet (a repeat or a stale report returns None). Returns the job's state
+    afterwards: still ASSIGNED or RUNNING while parts run, else its end state.
+    """
+    with transaction.atomic():
+        found = _locked_gang(job_id, attempt)
+        if found is None:
+            return None
+        part, members = _gang_part(job_id, attempt, node, found[3])
+        if part is None or part.outcome:
+            return None
+        if started_at is not None and part.started_at is None:
+            gang_part_start(
+                job_id=job_id, attempt=attempt, node=node, started_at=started_at, at=now
+            )
+        GangPart.objects.filter(pk=part.pk).update(
+            ended_at=min(finished_at, now),
+            recorded_at=now,
+            outcome=outcome,
+            exit_code=exit_code,
+            error=error,
+        )
+        exit_text = "" if exit_code is None else f", exit code {exit_code}"
+        record_event(
+            job_id,
+            message=f"rank {part.rank} on {node}: {outcome}{exit_text}"
+            + (f": {error}" if error else ""),
+            attempt=attempt,
+            at=now,
+        )
+        parts = list(GangPart.objects.filter(job_id=job_id, attempt=attempt).select_related("node"))
+        ended = [p for p in parts if p.outcome]
+        state, stop_reason, stopping, _ = _locked_gang(job_id, attempt) or found
+        if len(ended) < len(members):
+            attempt_release_and_charge(
+                job_id=job_id, attempt=attempt, ended_at=min(finished_at, now), now=now, node=node
+            )
+            if outcome != "succeeded" and not stopping:
+                attempt_request_stop(
+                    job_id=job_id,
+                    reason=GANG_STOP,
+                    attempt=attempt,
+                    message=(
+                        f"rank {part.rank} on {node} ended ({outcome}): stopping the other "
+                        f"{len(members) - len(ended)} of {len(members)} nodes"
+                    ),
+                    at=now,
+                )
+            return state
+        failures = sorted(
+            (p for p in ended if p.outcome != "succeeded"),
+            key=lambda p: (p.recorded_at or now, p.rank),
+        )
+        # The first part that failed decides; it ended before any stop of the gang's own, so
+        # its outcome stands. Else every part succeeded.
+        first = failures[0] if failures else None
+        return _attempt_ends(
+            job_id=job_id,
+            attempt=attempt,
+            state=state,
+            stop_reason="" if stop_reason == GANG_STOP else stop_reason,
+            outcome=first.outcome if first else "succeeded",
+            node=(
+                f"{first.node.name} (rank {first.rank} of {len(members)} nodes)"
+                if first
+                else f"all {len(members)} nodes"
+            ),
+            exit_code=first.exit_code if first else 0,
+            error=(f"rank {first.rank} on {first.node.name}: {first.error or first.outcome}")
+            if first
+            else "",
+            finished_at=max(p.ended_at or now for p in ended),
+            started_at=None,
+            now=now,
+        )
 
 
 # Outcomes that are the job's own result (it ran to its end), as opposed to a stop.
@@ -246,11 +482,13 @@ def attempt_settle_late(
     if to is None:
         return None
     row = (
-        Job.objects.filter(pk=job_id)
+        Job.objects.filter(pk=job_id, multi_node=False)
         .values_list("state", "attempt", "started_at", "node__name")
         .first()
     )
     if row is None:
+        # Also a multi-node gang: one part's result is not the gang's (its other parts were
+        # stopped when it was lost), so a late one never ends the job.
         return None
     state, current, current_start, current_node = row
     # A requeue keeps the attempt number (the next assignment counts it up): PENDING at the
@@ -366,26 +604,50 @@ def attempt_requeue(
 
 
 def attempt_release_and_charge(
-    *, job_id: int, attempt: int, ended_at: datetime, now: datetime
+    *, job_id: int, attempt: int, ended_at: datetime, now: datetime, node: str = ""
 ) -> None:
     """Release the attempt's allocations and charge the hold, from its first allocation to
     ``ended_at``, in billed GPU units.
+
+    ``node``: release only that node's allocations (one part of a multi-node gang ended); the
+    attempt is charged once no allocation of it is held any more, each slice until its own
+    release (the last ones until ``ended_at``), as one hold of all its units that lasts the
+    units-weighted mean of those times.
 
     Guard: only allocations of ``attempt`` that are still held; the charge is written once per
     attempt (``charge_attempt`` is idempotent), so a second call does nothing.
     """
     config = scheduler_config()
-    held = list(
-        Allocation.objects.filter(job_id=job_id, attempt=attempt, released_at__isnull=True)
-        .select_related("slice__gpu", "job")
+    allocations = list(
+        Allocation.objects.filter(job_id=job_id, attempt=attempt)
+        .select_related("slice__gpu__node", "job")
         .order_by("created_at")
     )
+    held = [
+        a
+        for a in allocations
+        if a.released_at is None and (not node or a.slice.gpu.node.name == node)
+    ]
     if not held:
         return
     Allocation.objects.filter(pk__in=[a.pk for a in held]).update(released_at=now)
+    releasing = {a.pk for a in held}
+    if any(a.released_at is None and a.pk not in releasing for a in allocations):
+        return  # other parts of the gang still hold theirs
     job = held[0].job
-    units = sum(billed_units(a.slice.units, a.slice.gpu.model, config.model_weights) for a in held)
-    held_from = held[0].created_at
+    held_from = allocations[0].created_at
+    billed = [
+        (
+            billed_units(a.slice.units, a.slice.gpu.model, config.model_weights),
+            a.released_at if a.released_at is not None and a.pk not in releasing else ended_at,
+        )
+        for a in allocations
+    ]
+    units = sum(b for b, _ in billed)
+    held_until = max(ended_at, held_from)
+    if units > 0 and len({until for _, until in billed}) > 1:
+        mean_s = sum(b * max(0.0, (until - held_from).total_seconds()) for b, until in billed)
+        held_until = held_from + timedelta(seconds=mean_s / units)
     charge_attempt(
         job_id=job_id,
         attempt=attempt,
@@ -393,7 +655,7 @@ def attempt_release_and_charge(
         user_id=job.user_id,
         units=units,
         held_from=held_from,
-        held_until=max(ended_at, held_from),
+        held_until=held_until,
         half_life_s=config.usage_half_life_s,
     )
 

@@ -170,22 +170,57 @@ class JobDependency(models.Model):
 
 
 class JobLogChunk(models.Model):
-    """A piece of a job's output as the agent shipped it; (job, attempt, seq) makes it idempotent."""
+    """A piece of a job's output as the agent shipped it; (job, attempt, part, seq) makes it
+    idempotent. ``part`` is the rank of the node that ran it in a multi-node gang (each node's
+    agent numbers its own chunks from 0), 0 for every other job."""
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
     attempt = models.PositiveIntegerField()
+    part = models.PositiveIntegerField(default=0)
     seq = models.PositiveIntegerField()
     data = models.TextField()
     received_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["attempt", "seq"]
+        ordering = ["attempt", "part", "seq"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "attempt", "seq"], name="one_log_chunk_per_seq")
+            models.UniqueConstraint(
+                fields=["job", "attempt", "part", "seq"], name="one_log_chunk_per_part_seq"
+            )
         ]
 
     def __str__(self) -> str:
-        return f"job {self.job_id}#{self.attempt} log {self.seq}"
+        return f"job {self.job_id}#{self.attempt} log {self.part}/{self.seq}"
+
+
+class GangPart(models.Model):
+    """One node's part of one attempt of a multi-node gang, as that node's agent reported it
+    (portal.jobs.attempts: the gang is RUNNING once every part started, and ends once every
+    part ended). One row per (job, attempt, node), made by the part's first report."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gang_parts")
+    attempt = models.PositiveIntegerField()
+    node = models.ForeignKey("cluster.Node", on_delete=models.CASCADE, related_name="gang_parts")
+    rank = models.PositiveIntegerField(help_text="NODE_RANK: 0 is the first node")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="as its agent saw it end")
+    # When the portal learnt of the end: the first part to end otherwise than succeeded
+    # decides the gang's end state.
+    recorded_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, blank=True, help_text="empty while it runs")
+    exit_code = models.IntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["job", "attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "node"], name="one_gang_part_per_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}#{self.attempt} rank {self.rank} on {self.node_id}"
 
 
 class Allocation(models.Model):

@@ -65,10 +65,11 @@ def job_get_for_user(*, user: Any, job_id: int) -> Job:
 
 
 def job_log(*, job: Job, attempt: int | None = None) -> str:
-    """The output of one attempt of ``job`` (its latest when ``attempt`` is None), in order."""
+    """The output of one attempt of ``job`` (its latest when ``attempt`` is None), in order
+    (of a multi-node gang: its first node's, rank 0)."""
     if attempt is None:
         attempt = job.attempt
-    chunks = JobLogChunk.objects.filter(job=job, attempt=attempt).order_by("seq")
+    chunks = JobLogChunk.objects.filter(job=job, attempt=attempt, part=0).order_by("seq")
     return "".join(chunks.values_list("data", flat=True))
 
 
@@ -105,7 +106,7 @@ def job_log_after(*, job: Job, attempt: int, offset: int) -> LogTail:
     ``next_offset`` smaller than ``offset``.
     """
     ended = attempt < job.attempt or job.state in TERMINAL_STATES
-    chunks = JobLogChunk.objects.filter(job=job, attempt=attempt).order_by("seq")
+    chunks = JobLogChunk.objects.filter(job=job, attempt=attempt, part=0).order_by("seq")
     sizes = chunks.annotate(size=_OctetLength("data")).values_list("seq", "size")
     end = skip = 0
     first_seq: int | None = None

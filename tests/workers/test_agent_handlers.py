@@ -81,6 +81,7 @@ def make_agent(
         sampler=sampler,
         clock=clock or Clock(),
         boot="boot-1",
+        address="10.9.8.7",
     )
     if leased:
         grant_lease(agent)
@@ -500,6 +501,7 @@ def test_the_heartbeat_lists_running_attempts_and_unacknowledged_finishes(
     agent.beat()
     heartbeat = sender.of_type(Heartbeat)[-1]
     assert heartbeat.node == NODE and heartbeat.boot == "boot-1"
+    assert heartbeat.address == "10.9.8.7"  # where other hosts reach it (a gang's MASTER_ADDR)
     assert heartbeat.inventory == discover(NODE, source="described")
     assert heartbeat.running == (RunningAttempt(job_id=1, attempt=0, started_at=CLOCK, pid=1000),)
     assert heartbeat.finished == (done,)

@@ -194,3 +194,28 @@ def test_the_agent_exits_with_code_2_and_one_line_on_bad_settings(
     err = capsys.readouterr().err
     assert err.startswith(message)
     assert err.count("\n") == 1
+
+
+def test_the_address_is_the_local_end_of_the_route_to_the_broker_by_default() -> None:
+    loopback = {**KEYED, "REDIS_URL": "redis://127.0.0.1:6379/0"}
+    assert AgentSettings.from_env(loopback).address == "127.0.0.1"
+    # A broker on a unix socket is on this host: so is the rest of a one-host portal.
+    assert AgentSettings.from_env(KEYED).address == "127.0.0.1"
+    nowhere = {**KEYED, "REDIS_URL": "redis://no-such-broker.invalid:6379/0"}
+    assert AgentSettings.from_env(nowhere).address == socket.gethostname()
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3", "fd00::7", "gpu-host-3.example.org"])
+def test_an_address_set_by_the_operator_is_used(address: str) -> None:
+    settings = AgentSettings.from_env({**KEYED, "PORTAL_AGENT_ADDRESS": address})
+    assert settings.address == address
+
+
+@pytest.mark.parametrize("address", ["gpu host", "-x", "a/b", "x" * 254])
+def test_a_bad_address_is_refused_naming_the_variable(address: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        AgentSettings.from_env({**KEYED, "PORTAL_AGENT_ADDRESS": address})
+    assert str(caught.value) == (
+        "PORTAL_AGENT_ADDRESS: must be a host name, an IPv4 or an IPv6 address (letters, "
+        f"digits, '.', ':', '_', '-'; at most 253 characters); got {address!r}"
+    )

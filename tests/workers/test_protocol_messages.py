@@ -380,6 +380,25 @@ def test_a_finished_report_inside_a_heartbeat_may_omit_its_tag_and_version() -> 
     assert parse(data) == HEARTBEAT
 
 
+def test_a_heartbeat_of_an_agent_older_than_the_address_field_is_accepted() -> None:
+    data = as_received(HEARTBEAT)
+    del data["address"]
+    heartbeat = parse(data)
+    assert isinstance(heartbeat, Heartbeat) and heartbeat.address == ""
+
+
+@pytest.mark.parametrize("address", ["10.0.0.7", "fd00::7", "gpu-7.example.org"])
+def test_a_heartbeat_names_where_its_node_is_reached(address: str) -> None:
+    heartbeat = parse({**as_received(HEARTBEAT), "address": address})
+    assert isinstance(heartbeat, Heartbeat) and heartbeat.address == address
+
+
+def test_a_heartbeat_address_that_is_no_host_is_refused_naming_the_field() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse({**as_received(HEARTBEAT), "address": "gpu 7"})
+    assert caught.value.field == "heartbeat.address"
+
+
 def test_integers_are_accepted_where_numbers_are_expected() -> None:
     stop = parse({**STOP.to_dict(), "grace_s": 5})
     assert isinstance(stop, Stop)
