@@ -16,50 +16,18 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
+from gang_job import RENDEZVOUS, gang_env
 from portal_client import PortalClient
 from stack import AgentHost, PortalStack
 
-from portal.jobs.gangs import GANG_ENV_KEYS, master_port
+from portal.jobs.gangs import master_port
 from portal.jobs.models import GangPart, Job, JobEvent, JobLogChunk
 from portal.tenants.tokens import token_issue
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 ONE_WHOLE_GPU = json.dumps({"gpus": [{"mode": "whole", "count": 1}]})
-# Prints the rendezvous, then meets the other rank there: rank 0 listens on MASTER_ADDR:
-# MASTER_PORT, rank 1 connects and says who it is, as a launcher's TCP store would.
-RENDEZVOUS = f"""
-import os, socket, time
-for key in {GANG_ENV_KEYS!r}:
-    print(key + "=" + os.environ.get(key, ""), flush=True)
-address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-if os.environ["NODE_RANK"] == "0":
-    with socket.create_server((address, port)) as server:
-        server.settimeout(60)
-        peer, _ = server.accept()
-        with peer:
-            print("rank 0 met: " + peer.recv(100).decode(), flush=True)
-            peer.sendall(b"welcome")
-else:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            peer = socket.create_connection((address, port), timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    with peer:
-        peer.sendall(("rank " + os.environ["RANK"] + " of " + os.environ["WORLD_SIZE"]).encode())
-        print("rank 1 heard: " + peer.recv(100).decode(), flush=True)
-"""
 JOB_TIMEOUT_S = 90.0
-
-
-def _env(log: str) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in log.splitlines() if "=" in line)
-    return {key: value for key, value in pairs if key in GANG_ENV_KEYS}
 
 
 def _alice_token() -> str:
@@ -112,7 +80,7 @@ def test_a_two_node_gang_gets_its_rendezvous_on_both_agents_and_both_parts_finis
             )
             for part in (0, 1)
         }
-        assert _env(api.log(done.pk)) == _env(logs[0])  # the log people see is rank 0's
+        assert gang_env(api.log(done.pk)) == gang_env(logs[0])  # the log people see is rank 0's
         shared = {
             "MASTER_ADDR": "127.0.0.1",  # the agents' default: the route to the broker
             "MASTER_PORT": str(master_port(done.pk)),
@@ -123,14 +91,14 @@ def test_a_two_node_gang_gets_its_rendezvous_on_both_agents_and_both_parts_finis
             "PORTAL_GANG_SLOTS": "127.0.0.1:1,127.0.0.1:1",
         }
         for rank in (0, 1):
-            assert _env(logs[rank]) == {
+            assert gang_env(logs[rank]) == {
                 **shared,
                 "RANK": str(rank),
                 "NODE_RANK": str(rank),
                 "GROUP_RANK": str(rank),
             }, logs[rank]
         assert "rank 0 met: rank 1 of 2" in logs[0], logs[0]
-        assert "rank 1 heard: welcome" in logs[1], logs[1]
+        assert "node rank 1 heard: welcome" in logs[1], logs[1]
 
         running = JobEvent.objects.get(job_id=done.pk, from_state="ASSIGNED", to_state="RUNNING")
         assert running.message == "started on all 2 nodes"

@@ -20,11 +20,8 @@ own); the test needs root for the namespaces and skips, saying why, where none c
 
 Run with `-s` to see what ran where and how long the requeue took (the `many-hosts:` lines).
 
-A 2-node gang, once multi-node gangs land: add `test_a_gang_over_two_hosts_gets_its_rendezvous
-(many_hosts)`; submit with `many_hosts.submit(..., gpu={... two nodes' worth ...})`, and check
-from the truth files that both ranks ran, on two hosts, with `MASTER_ADDR` the first host's
-`many_hosts.address_of(node)`. The hosts already reach each other over the bridge: see
-`test_hosts_reach_the_broker_and_each_other_and_nothing_else`.
+A gang over two hosts (`gang_hosts`: the same cluster, jobs on their host's network): its
+parts meet at the first host's address, as torchrun's would.
 """
 
 from __future__ import annotations
@@ -35,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,12 +43,13 @@ from chaos.backing import PrivateRedis
 from chaos.cluster import AGENT_TIMINGS, INVENTORY, PORTAL_TIMINGS, UNITS_PER_NODE
 from chaos.harness import job_command
 from chaos.truth import Execution, ProcessWatcher, kill_job_processes
+from gang_job import RENDEZVOUS, gang_env
 from netns import Host, HostNetwork, ip, why_not_possible
 from services import require_service
 from stack import AgentHost, PortalStack
 
 from portal.cluster.models import Node
-from portal.jobs.models import Job, JobEvent
+from portal.jobs.models import GangPart, Job, JobEvent, JobLogChunk
 from portal.jobs.services import job_submit
 from portal.jobs.testing import make_team, make_user
 from portal.jobs.validation import validate_job_request
@@ -112,6 +111,20 @@ class HostCluster:
 
 @pytest.fixture
 def many_hosts(tmp_path: Path, transactional_db: None) -> Iterator[HostCluster]:
+    with host_cluster(tmp_path) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def gang_hosts(tmp_path: Path, transactional_db: None) -> Iterator[HostCluster]:
+    """The same cluster, with jobs on their host's network (the namespace's: the /24 only)
+    instead of one of their own, so a gang's parts reach each other's MASTER_ADDR."""
+    with host_cluster(tmp_path, agent_env={"PORTAL_AGENT_JOB_NETWORK": "host"}) as cluster:
+        yield cluster
+
+
+@contextmanager
+def host_cluster(tmp_path: Path, agent_env: dict[str, str] | None = None) -> Iterator[HostCluster]:
     reason = why_not_possible()
     if reason:
         require_service(f"network namespaces for the many-hosts test ({reason})")
@@ -142,6 +155,7 @@ def many_hosts(tmp_path: Path, transactional_db: None) -> Iterator[HostCluster]:
                         argv_prefix=host.enter,
                         env={
                             **AGENT_TIMINGS,
+                            **(agent_env or {}),
                             "PORTAL_AGENT_INVENTORY": json.dumps(
                                 {"hostname": host.name, **INVENTORY}
                             ),
@@ -339,3 +353,41 @@ def _assert_truth_checks(cluster: HostCluster, jobs: list[Job]) -> None:
         say(f"{check.verdict} {check.name}: {check.summary}")
     failed = [f"{c.name}: {c.summary} {c.details}" for c in results if c.passed is not True]
     assert not failed, failed
+
+
+def test_a_gang_over_two_hosts_meets_at_the_first_hosts_address_and_finishes(
+    gang_hosts: HostCluster,
+) -> None:
+    # Four whole GPUs, two per host: at least two hosts, each part on its own namespace.
+    data = {"name": "gang", "team": TEAM, "image": "python:3.11-slim",
+            "command": ["python3", "-c", RENDEZVOUS], "preemptible": False,
+            "gpu": {"kind": "whole", "count": 4, "multi_node": True}}  # fmt: skip
+    user = gang_hosts.user
+    job_id = job_submit(user=user, request=validate_job_request(data, user=user)).pk
+
+    (job,) = gang_hosts.wait_final([job_id])
+
+    parts = sorted(
+        GangPart.objects.filter(job_id=job.pk, attempt=job.attempt), key=lambda p: p.rank
+    )
+    assert job.state == "SUCCEEDED", (job.state, job.reason)
+    assert len(parts) >= 2 and {p.outcome for p in parts} == {"succeeded"}
+    nodes = [p.node.name for p in parts]
+    assert len(set(nodes)) == len(nodes) and nodes[0] == job.node.name
+    logs = [
+        "".join(JobLogChunk.objects.filter(job_id=job.pk, attempt=job.attempt, part=p.rank)
+                .order_by("seq").values_list("data", flat=True))
+        for p in parts
+    ]  # fmt: skip
+    first = gang_hosts.address_of(nodes[0])
+    for part, log in zip(parts, logs, strict=True):
+        env = gang_env(log)
+        say(f"gang {job.pk} rank {part.rank} on {part.node.name} "
+            f"({gang_hosts.address_of(part.node.name)}): " + " ".join(f"{k}={v}" for k, v in env.items()))  # fmt: skip
+        assert env["MASTER_ADDR"] == first and env["NODE_RANK"] == str(part.rank), env
+        assert env["WORLD_SIZE"] == "4" and env["NNODES"] == str(len(parts)), env
+        assert env["PORTAL_GANG_HOSTS"].split(",") == [gang_hosts.address_of(n) for n in nodes]
+        if part.rank:
+            assert f"node rank {part.rank} heard: welcome" in log, log
+    # Rank 0 heard from every other part, over the hosts' network.
+    assert logs[0].count("rank 0 met: rank ") == len(parts) - 1, logs[0]
