@@ -3,7 +3,7 @@ PORTAL_AGENT_INVENTORY_S and on a critical Xid error, so a GPU that fell off the
 MIG layout is seen without a restart, and the attempts on slices that are gone are stopped
 and reported lost with the reason.
 
-No GPU here: the NVML fake (tests/workers/fake_nvml.py) changes its MIG layout, loses a GPU
+No GPU here: the NVML fake (tests/fake_nvml.py) changes its MIG layout, loses a GPU
 (GPU_IS_LOST) and reports Xid events as the real library does; the agent's real code path
 (workers.inventory, workers.hardware, workers.agent) reads it.
 """
