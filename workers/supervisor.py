@@ -462,9 +462,10 @@ class Supervisor:
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
         lost = _lost_reason(run)
-        if exit_code != 0 and not lost:
-            # Did it fail because its GPU went (a CUDA error before the agent noticed)? The
-            # inventory is read again now, outside the lock: it may stop other attempts.
+        if exit_code != 0 and not lost and attempt.stop_reason is None:
+            # Did it fail on its own because its GPU went (a CUDA error before the agent
+            # noticed)? The inventory is read again now, outside the lock: it may stop other
+            # attempts. (A stopped attempt's outcome is its stop's: nothing to read.)
             lost = self._slice_gone(launch)
         stop_reached = _stop_reached(run)
         note = str(getattr(run, "end_note", ""))
