@@ -247,7 +247,8 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
             "the agent holds a lease",
         )
         gpu = registration.inventory.gpus[0]
-        device = Device(slice_id=f"{node}/0", kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
+        # The slice key the portal sends: a whole GPU's is its UUID (the agent checks it).
+        device = Device(slice_id=gpu.uuid, kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
 
         code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
         hello = make_launch(
