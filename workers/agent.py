@@ -20,7 +20,12 @@
 5. Consume only `node.<name>`: `agent.launch`, `agent.stop`, `agent.query` and `agent.ack`,
    one signed envelope each (workers.signing). Tasks ack late, prefetch one, run on a thread
    pool, and return at once: supervision of an attempt lives on its own thread.
-6. On SIGTERM/SIGINT Celery shuts down warm; then the agent stops its jobs (reported as
+6. The inventory follows the hardware (workers.hardware): read again on SIGHUP, every
+   PORTAL_AGENT_INVENTORY_S, on a critical Xid error and when a GPU sample fails. Attempts on
+   slices that are gone are stopped and reported `lost` with the reason (GPU_LOST: ...,
+   MIG_RECONFIGURED: ...), launches onto them are refused the same way, and a heartbeat with
+   the new inventory goes out at once.
+7. On SIGTERM/SIGINT Celery shuts down warm; then the agent stops its jobs (reported as
    preempted, so the portal requeues them), stops its MPS daemons and exits.
 
 Reports (`started`, `log`, `finished`) are written to the outbox before they are sent and
@@ -51,7 +56,16 @@ from celery.signals import (  # type: ignore[import-untyped]
 )
 from kombu.entity import Queue
 
-from workers.inventory import InventoryError, discover, open_nvml
+from workers.hardware import HardwareWatch, keep_sighup_for
+from workers.inventory import (
+    InventoryError,
+    XidWatch,
+    discover,
+    open_nvml,
+    slice_gone_reason,
+    slices_gone,
+)
+from workers.launch import SliceGone
 from workers.launchers import Launcher, Run
 from workers.launchers.process import process_launcher
 from workers.lease import Lease, lease_path, write_lease
@@ -215,11 +229,16 @@ class Agent:
         write_lease_file: bool = True,
         mps: MpsSupervisor | None = None,
         address: str = "",
+        hardware: HardwareWatch | None = None,
     ) -> None:
         self.node = node
         # Where other hosts reach this one, told in every heartbeat (a gang's MASTER_ADDR).
         self.address = address
         self.inventory = inventory
+        # When the inventory is read again (workers.hardware); None: never.
+        self.hardware = hardware
+        self._inventory_lock = threading.Lock()
+        self.kill_grace_s = kill_grace_s
         self.workdir = workdir
         self._send = send
         self._key = key
@@ -248,12 +267,13 @@ class Agent:
         self.mps = mps
         self.supervisor = Supervisor(
             node=node,
-            launcher=mps.watch(launcher) if mps is not None else launcher,
+            launcher=self._gated(mps.watch(launcher) if mps is not None else launcher),
             report=self.report,
             journal=self.journal,
             kill_grace_s=kill_grace_s,
             clock=clock,
             may_launch=self.lease.held,
+            slice_gone=self.slice_gone,
         )
         self._heartbeat_seq = 0
         self._pruned_at = float("-inf")
@@ -378,8 +398,73 @@ class Agent:
             finished=tuple(self.outbox.pending_finished()[:HEARTBEAT_FINISHED_MAX]),
         )
 
+    # --- the inventory, following the hardware (workers.hardware) ----------------------------
+
+    def _gated(self, launcher: Launcher) -> Launcher:
+        """With an inventory that can change, a launch onto a slice that is not in it any more
+        is refused (`InventoryGate`); without, the inventory is the one the portal placed on."""
+        if self.hardware is None:
+            return launcher
+        return InventoryGate(launcher, lambda: self.inventory)
+
+    def check_hardware(self) -> dict[str, str]:
+        """Poll NVML's Xid events, and read the inventory again when that is due; returns the
+        slices that went (slice key -> why)."""
+        hardware = self.hardware
+        if hardware is None:
+            return {}
+        hardware.poll_xid()
+        why = hardware.due()
+        return {} if why is None else self.refresh_inventory(why)
+
+    def refresh_inventory(self, why: str) -> dict[str, str]:
+        """Read the inventory again (`why`: what asked for it); stop the attempts on slices
+        that are gone. Returns those slices (slice key -> why they went)."""
+        hardware = self.hardware
+        if hardware is None:
+            return {}
+        with self._inventory_lock:
+            old = self.inventory
+            new = hardware.reread(old)
+            if new is None or new == old:
+                return {}
+            gone = slices_gone(old, new)
+            self.inventory = new
+        added = sorted(set(new.slice_keys()) - set(old.slice_keys()))
+        log.warning(
+            "inventory read again (%s): %d GPU(s), %d lost; %d slice(s) gone, %d new",
+            why,
+            len(new.gpus),
+            len(new.lost),
+            len(gone),
+            len(added),
+        )
+        for key, reason in sorted(gone.items()):
+            log.warning("slice %s is gone: %s", key, reason)
+        if gone:
+            stopped = self.supervisor.lose_slices(gone, self.kill_grace_s)
+            if stopped:
+                log.error(
+                    "stopping %d attempt(s) on slices that are gone: %s", len(stopped), stopped
+                )
+        return gone
+
+    def slice_gone(self, launch: Launch) -> str | None:
+        """Why one of the launch's slices is not in the inventory (read again first, outside
+        any lock of the supervisor's), or None when all are there. Asked when an attempt exits
+        with an error: did its GPU go under it?"""
+        if self.hardware is None:
+            return None
+        self.refresh_inventory("an attempt exited with an error")
+        return missing_slice(launch, self.inventory)
+
     def beat(self) -> None:
-        """One heartbeat, the resend of unacknowledged reports, then GPU metrics."""
+        """The inventory if it is due, one heartbeat, the resend of unacknowledged reports,
+        then GPU metrics."""
+        try:
+            self.check_hardware()
+        except Exception:
+            log.exception("inventory check failed")
         self._transmit(self.heartbeat())
         self.resend_pending()
         self.sample_metrics()
@@ -420,6 +505,10 @@ class Agent:
             log.exception("GPU metrics not sampled")
             return 0
         self.metrics.add(devices, attempts)
+        failed = [d.uuid for d in devices if d.error]
+        if failed and self.hardware is not None:
+            # GPU_IS_LOST and the like: read the inventory again at the next heartbeat.
+            self.hardware.request(f"samples of {', '.join(failed)} failed")
         return len(devices) + len(attempts)
 
     def ship_metrics(self, *, force: bool = False) -> int:
@@ -442,13 +531,18 @@ class Agent:
     def start(self, heartbeat_s: float) -> None:
         """The heartbeat thread, the lease watcher and, with MPS daemons, their watcher."""
 
+        # A re-read asked for (SIGHUP, an Xid error) wakes the heartbeat thread: the portal
+        # hears of the new inventory at once, not a heartbeat later.
+        wake = self.hardware.wake if self.hardware is not None else self._stopping
+
         def beats() -> None:
             while not self._stopping.is_set():
+                wake.clear()
                 try:
                     self.beat()
                 except Exception:
                     log.exception("heartbeat round failed")
-                self._stopping.wait(heartbeat_s)
+                wake.wait(heartbeat_s)
 
         def lease_watch() -> None:
             while not self._stopping.is_set():
@@ -477,11 +571,40 @@ class Agent:
         """Stop the jobs and the threads; one last heartbeat tells the portal what is left."""
         self.supervisor.shutdown(grace_s)
         self._stopping.set()
+        if self.hardware is not None:
+            self.hardware.wake.set()
         for thread in self._threads:
             thread.join(5)
         self._transmit(self.heartbeat())
         self.resend_pending()
         self.ship_metrics(force=True)
+
+
+def missing_slice(launch: Launch, inventory: Inventory) -> str | None:
+    """Why one of the launch's slices is not offered by `inventory`, or None."""
+    offered = inventory.slice_keys()
+    for device in launch.devices:
+        if device.slice_id not in offered:
+            return slice_gone_reason(
+                device.gpu_uuid, device.gpu_index, inventory, was_mig=device.kind == "mig"
+            )
+    return None
+
+
+class InventoryGate:
+    """The agent's launcher, refusing a launch onto a slice that is not in the node's
+    inventory now (`SliceGone`: reported `lost`, so the portal requeues it)."""
+
+    def __init__(self, inner: Launcher, inventory: Callable[[], Inventory]) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._inventory = inventory
+
+    def start(self, launch: Launch) -> Run:
+        why = missing_slice(launch, self._inventory())
+        if why is not None:
+            raise SliceGone(why)
+        return self.inner.start(launch)
 
 
 # --- the process ------------------------------------------------------------------------------
@@ -601,6 +724,26 @@ def quiet_task_lines() -> None:
     after_setup_logger.connect(quiet, weak=False)
 
 
+def inventory_reader(
+    settings: AgentSettings, driver: str, nvml: Any
+) -> Callable[[Inventory, Mapping[str, str]], Inventory]:
+    """How the agent reads its inventory again: from the source it started with (NVML, or
+    the description, read again), never falling back from NVML to a described one."""
+
+    def read(previous: Inventory, unhealthy: Mapping[str, str]) -> Inventory:
+        return discover(
+            settings.node,
+            source="nvml" if driver == "nvml" else "described",
+            description=settings.inventory,
+            mps_shares=settings.mps_shares,
+            nvml=nvml,
+            previous=previous,
+            unhealthy=unhealthy,
+        )
+
+    return read
+
+
 def main(environ: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_task_lines()
@@ -627,6 +770,14 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     )
     mps.prepare()
     nvml, _ = open_nvml() if inventory.driver == "nvml" else (None, "")
+    hardware = HardwareWatch(
+        inventory_reader(settings, inventory.driver, nvml),
+        every_s=settings.inventory_s,
+        xid=XidWatch(nvml) if nvml is not None else None,
+        clock=time.time,
+    )
+    if hardware.xid is not None:
+        hardware.xid.register(inventory)
     app = make_celery_app(settings.broker_url, settings.node)
     boot, previous_boot = next_boot(settings.workdir)
     agent = Agent(
@@ -649,6 +800,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         previous_boot=previous_boot,
         mps=mps,
         address=settings.address,
+        hardware=hardware,
     )
     if settings.launcher == "docker":
         # Containers outlive the agent: before any is adopted or started, make sure the
@@ -680,6 +832,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         without_gossip=True,
         without_mingle=True,
     )
+    keep_sighup_for(worker, hardware)
     stopped_by: list[str] = []
     worker_shutting_down.connect(lambda sig, **_: stopped_by.append(sig), weak=False)
     try:
@@ -687,6 +840,8 @@ def main(environ: Mapping[str, str] | None = None) -> int:
     finally:
         agent.close()
         mps.stop()
+        if hardware.xid is not None:
+            hardware.xid.close()
         if nvml is not None:
             nvml.nvmlShutdown()
     # Celery exits 1 after a Ctrl-C; for the agent SIGINT and SIGTERM are both a clean stop.

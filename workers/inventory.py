@@ -10,19 +10,30 @@ from `PORTAL_AGENT_INVENTORY` (inline JSON or a path to a JSON file) or the defa
 node with 2 whole GPUs, 1 GPU split into MIG 3g.40gb + 2g.20gb + 2 x 1g.10gb and 1 GPU in
 MPS mode with 4 shares. Described UUIDs are derived from the node name and GPU index, so a
 node that restarts registers the same ids again. The format is in docs/agent.md.
+
+The agent reads its inventory again on SIGHUP and every PORTAL_AGENT_INVENTORY_S
+(`workers.hardware`). A GPU whose NVML queries answer GPU_IS_LOST (it fell off the bus), or
+that NVML reported a critical Xid error for (`XidWatch`, polled without blocking), is left
+out of `gpus` and listed in `lost` with the reason; `slices_gone` says why each slice of the
+last inventory is no longer offered (GPU_LOST, MIG_RECONFIGURED, GPU_RECONFIGURED), for the
+agent (which stops the attempts on them) and the portal (which records it on the node).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.protocol import Gpu, Inventory, MigDevice, ProtocolError
+from workers.protocol import Gpu, Inventory, LostGpu, MigDevice, ProtocolError
+
+log = logging.getLogger("workers.inventory")
 
 DEFAULT_MODEL = "NVIDIA A100-SXM4-80GB"
 DEFAULT_MEMORY_MB = 81920
@@ -39,6 +50,20 @@ GPU_SOURCES = ("auto", "nvml", "described")
 MIG_MAX_SLICES = 7
 MIG_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:\+me|\+gfx|-me)?$")
 MIB = 1024 * 1024
+
+# Why a slice is no longer offered, first in the text of the reason (like MPS_SERVER_DIED).
+GPU_LOST = "GPU_LOST"
+MIG_RECONFIGURED = "MIG_RECONFIGURED"
+GPU_RECONFIGURED = "GPU_RECONFIGURED"
+# NVML's return codes (pynvml's NVML_ERROR_* values), and its event API's constants.
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8  # nvmlEventTypeXidCriticalError
+# Xid errors an application causes (a bad kernel, an MMU fault of its own, a reset it asked
+# for): its job fails, the GPU is fine. The NVIDIA device plugin for Kubernetes skips the
+# same ones by default; every other critical Xid takes the GPU out of service.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 class InventoryError(ValueError):
@@ -239,36 +264,80 @@ def _mig_devices(nvml: Any, handle: Any) -> tuple[MigDevice, ...]:
     return tuple(devices)
 
 
-def nvml_inventory(nvml: Any, *, hostname: str, mps_shares: Mapping[str, int]) -> Inventory:
+def nvml_inventory(
+    nvml: Any,
+    *,
+    hostname: str,
+    mps_shares: Mapping[str, int],
+    previous: Inventory | None = None,
+    unhealthy: Mapping[str, str] | None = None,
+) -> Inventory:
     """Read the node's GPUs through an initialised NVML. `mps_shares` maps a GPU index (as a
-    string) or UUID to its declared number of MPS shares."""
+    string) or UUID to its declared number of MPS shares.
+
+    A GPU whose queries answer GPU_IS_LOST is listed in `lost` (its UUID from NVML if it still
+    says, else from `previous`, the last inventory, at the same index; one known to neither is
+    left out, with a warning). GPUs in `unhealthy` (UUID -> why: a critical Xid) are listed in
+    `lost` too. Any other NVML error is raised."""
     gpus: list[Gpu] = []
+    lost: list[LostGpu] = []
     claimed: set[str] = set()
+    known = {g.index: g.uuid for g in previous.gpus} if previous is not None else {}
+    if previous is not None:
+        known.update((g.index, g.uuid) for g in previous.lost)
     for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        mig = _mig_devices(nvml, handle) if _mig_enabled(nvml, handle) else None
-        key = uuid if uuid in mps_shares else str(index)
-        shares = mps_shares.get(key, 0)
-        if shares:
-            claimed.add(key)
-            if mig is not None:
-                raise InventoryError(f"PORTAL_AGENT_MPS: GPU {key} is in MIG mode, not MPS")
-        gpus.append(
-            Gpu(
-                uuid=uuid,
-                index=index,
-                model=_text(nvml.nvmlDeviceGetName(handle)),
-                memory_mb=int(nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB),
-                mode="mig" if mig is not None else ("mps" if shares else "whole"),
-                mig=mig or (),
-                mps_shares=shares,
-            )
-        )
+        uuid = known.get(index, "")
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            key = uuid if uuid in mps_shares else str(index)
+            shares = mps_shares.get(key, 0)
+            if shares:
+                claimed.add(key)
+            gpu = _nvml_gpu(nvml, handle, index=index, uuid=uuid, key=key, shares=shares)
+        except nvml.NVMLError as error:
+            if getattr(error, "value", None) != NVML_ERROR_GPU_IS_LOST:
+                raise
+            claimed.update(k for k in (uuid, str(index)) if k in mps_shares)
+            if not uuid:
+                log.warning("GPU %d answers GPU_IS_LOST and its UUID is unknown: left out", index)
+                continue
+            off = f"{GPU_LOST}: NVML answers GPU_IS_LOST for GPU {index} ({uuid}): off the bus"
+            lost.append(LostGpu(uuid=uuid, index=index, reason=off))
+            continue
+        marked = (unhealthy or {}).get(gpu.uuid)
+        if marked is not None:
+            lost.append(LostGpu(uuid=gpu.uuid, index=index, reason=marked[:500]))
+            continue
+        gpus.append(gpu)
+    if previous is not None:
+        # A GPU NVML no longer counts at all (the driver dropped it after it fell off).
+        seen = {g.uuid for g in gpus} | {g.uuid for g in lost}
+        earlier = [(g.uuid, g.index) for g in previous.gpus]
+        earlier += [(g.uuid, g.index) for g in previous.lost]
+        for uuid, index in earlier:
+            if uuid not in seen:
+                dropped = f"{GPU_LOST}: GPU {index} ({uuid}) is no longer found by NVML"
+                lost.append(LostGpu(uuid=uuid, index=index, reason=dropped))
     unknown = sorted(set(mps_shares) - claimed)
     if unknown:
         raise InventoryError(f"PORTAL_AGENT_MPS: no GPU {unknown[0]} on this node")
-    return Inventory(hostname=hostname, driver="nvml", gpus=tuple(gpus))
+    return Inventory(hostname=hostname, driver="nvml", gpus=tuple(gpus), lost=tuple(lost))
+
+
+def _nvml_gpu(nvml: Any, handle: Any, *, index: int, uuid: str, key: str, shares: int) -> Gpu:
+    mig = _mig_devices(nvml, handle) if _mig_enabled(nvml, handle) else None
+    if shares and mig is not None:
+        raise InventoryError(f"PORTAL_AGENT_MPS: GPU {key} is in MIG mode, not MPS")
+    return Gpu(
+        uuid=uuid,
+        index=index,
+        model=_text(nvml.nvmlDeviceGetName(handle)),
+        memory_mb=int(nvml.nvmlDeviceGetMemoryInfo(handle).total // MIB),
+        mode="mig" if mig is not None else ("mps" if shares else "whole"),
+        mig=mig or (),
+        mps_shares=shares,
+    )
 
 
 def parse_mps_shares(value: str | None) -> dict[str, int]:
@@ -308,10 +377,13 @@ def discover(
     mps_shares: str | None = None,
     nvml: Any = None,
     hostname: str | None = None,
+    previous: Inventory | None = None,
+    unhealthy: Mapping[str, str] | None = None,
 ) -> Inventory:
     """The node's inventory. `source` is 'auto' (NVML when it initialises, else described),
     'nvml' (fail without a driver) or 'described'. `description` and `mps_shares` are the raw
-    values of PORTAL_AGENT_INVENTORY and PORTAL_AGENT_MPS; `nvml` replaces the pynvml module."""
+    values of PORTAL_AGENT_INVENTORY and PORTAL_AGENT_MPS; `nvml` replaces the pynvml module.
+    `previous` and `unhealthy` are for a re-read (see `nvml_inventory`)."""
     if source not in GPU_SOURCES:
         raise InventoryError(f"PORTAL_AGENT_GPU_SOURCE: must be one of {', '.join(GPU_SOURCES)}")
     if source != "described":
@@ -319,7 +391,11 @@ def discover(
         if opened is not None:
             try:
                 return nvml_inventory(
-                    opened, hostname=hostname or node, mps_shares=parse_mps_shares(mps_shares)
+                    opened,
+                    hostname=hostname or node,
+                    mps_shares=parse_mps_shares(mps_shares),
+                    previous=previous,
+                    unhealthy=unhealthy,
                 )
             finally:
                 opened.nvmlShutdown()
@@ -329,3 +405,105 @@ def discover(
         return described_inventory(node, load_description(description))
     except InventoryError as exc:
         raise InventoryError(f"PORTAL_AGENT_INVENTORY: {exc}") from None
+
+
+# --- what changed -----------------------------------------------------------------------------
+
+
+def slices_gone(old: Inventory, new: Inventory) -> dict[str, str]:
+    """Slice key -> why it is no longer offered, for every slice of `old` that `new` lacks."""
+    offered = new.slice_keys()
+    return {
+        key: slice_gone_reason(gpu.uuid, gpu.index, new, was_mig=gpu.mode == "mig")
+        for key, gpu in old.slice_keys().items()
+        if key not in offered
+    }
+
+
+def slice_gone_reason(gpu_uuid: str, gpu_index: int, new: Inventory, *, was_mig: bool) -> str:
+    """Why a slice of GPU `gpu_uuid` is not in the inventory `new`: its GPU is lost or gone
+    (GPU_LOST), or its GPU is there with another MIG layout (MIG_RECONFIGURED) or mode or
+    number of MPS shares (GPU_RECONFIGURED)."""
+    for lost in new.lost:
+        if lost.uuid == gpu_uuid:
+            return lost.reason
+    gpu = next((g for g in new.gpus if g.uuid == gpu_uuid), None)
+    if gpu is None:
+        return f"{GPU_LOST}: GPU {gpu_index} ({gpu_uuid}) is no longer in the node's inventory"
+    if gpu.mode == "mig":
+        layout = ", ".join(m.profile for m in gpu.mig) or "no MIG devices"
+        return f"{MIG_RECONFIGURED}: GPU {gpu.index} ({gpu_uuid}) now has MIG {layout}"
+    if was_mig:
+        return f"{MIG_RECONFIGURED}: GPU {gpu.index} ({gpu_uuid}) is no longer in MIG mode"
+    shares = f" with {gpu.mps_shares} shares" if gpu.mode == "mps" else ""
+    return f"{GPU_RECONFIGURED}: GPU {gpu.index} ({gpu_uuid}) is now in {gpu.mode} mode{shares}"
+
+
+# --- Xid errors -------------------------------------------------------------------------------
+
+
+class XidWatch:
+    """Critical Xid errors as NVML reports them: an event set with every GPU registered for
+    nvmlEventTypeXidCriticalError, read without blocking (a wait of 0 ms) on each `poll()`.
+
+    A GPU or driver that does not offer the event (NOT_SUPPORTED: some GPUs, MIG on older
+    drivers) is simply not watched; GPU_IS_LOST still shows in the next inventory read."""
+
+    def __init__(self, nvml: Any, *, ignore: frozenset[int] = APPLICATION_XIDS) -> None:
+        self._nvml = nvml
+        self.ignore = ignore
+        self.watched: list[str] = []
+        self._set: Any = None
+        try:
+            self._set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as error:
+            log.warning("Xid errors are not watched: nvmlEventSetCreate failed: %s", error)
+
+    def register(self, inventory: Inventory) -> None:
+        """Watch every GPU of `inventory` not watched yet (again after a re-read)."""
+        nvml = self._nvml
+        if self._set is None:
+            return
+        for gpu in inventory.gpus:
+            if gpu.uuid in self.watched:
+                continue
+            try:
+                handle = nvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                nvml.nvmlDeviceRegisterEvents(handle, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, self._set)
+            except nvml.NVMLError as error:
+                log.warning("GPU %s: Xid errors not watched (%s)", gpu.uuid, error)
+                continue
+            self.watched.append(gpu.uuid)
+
+    def poll(self, limit: int = 100) -> list[tuple[str, int]]:
+        """The critical Xid errors reported since the last poll, as (GPU UUID or "" when NVML
+        cannot say which, Xid), application Xids left out; never blocks."""
+        nvml = self._nvml
+        found: list[tuple[str, int]] = []
+        if self._set is None:
+            return found
+        for _ in range(limit):
+            try:
+                event = nvml.nvmlEventSetWait_v2(self._set, 0)
+            except nvml.NVMLError as error:
+                if getattr(error, "value", None) != NVML_ERROR_TIMEOUT:
+                    log.warning("reading Xid events failed: %s", error)
+                break  # TIMEOUT: nothing more to read
+            if not event.eventType & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
+                continue
+            xid = int(event.eventData)
+            if xid in self.ignore:
+                log.info("Xid %d (caused by an application) on a GPU: not taken out", xid)
+                continue
+            try:
+                uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
+            except nvml.NVMLError:
+                uuid = ""
+            found.append((uuid, xid))
+        return found
+
+    def close(self) -> None:
+        if self._set is not None:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(self._set)
+            self._set = None

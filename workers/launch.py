@@ -44,6 +44,12 @@ class LeaseLapsed(LaunchError):
     as outcome 'fenced' so the portal requeues the attempt."""
 
 
+class SliceGone(LaunchError):
+    """Not started because a slice it was given is no longer in the node's inventory (its GPU
+    was lost, its MIG layout changed): not the job's fault, reported as outcome 'lost' so the
+    portal requeues the attempt within its retry bound."""
+
+
 LEASE_LAPSED_TEXT = "the agent's lease has expired"
 
 

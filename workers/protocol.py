@@ -218,10 +218,23 @@ class Gpu(_Record, frozen=True, kw_only=True):
             _require(self.mps_shares == 0, "mps_shares", "must be 0 unless mode is 'mps'")
 
 
+class LostGpu(_Record, frozen=True, kw_only=True):
+    """A GPU the agent had and cannot use now (it fell off the bus: NVML answers GPU_IS_LOST,
+    or it reported a critical Xid error). Not in `Inventory.gpus`; `reason` says why, first
+    the code (`GPU_LOST: ...`)."""
+
+    uuid: Annotated[str, Meta(pattern=r"^GPU-")]
+    index: Annotated[int, Meta(ge=0)]
+    reason: Annotated[str, Meta(min_length=1, max_length=500)]
+
+
 class Inventory(_Record, frozen=True, kw_only=True):
     hostname: NonEmpty
     driver: InventoryDriver
     gpus: tuple[Gpu, ...]
+    # Added in the same protocol version (optional, empty by default): GPUs that are out of
+    # service on the node, so the portal can say why their slices went.
+    lost: tuple[LostGpu, ...] = ()
 
     def __post_init__(self) -> None:
         seen_uuids: set[str] = set()
@@ -232,10 +245,31 @@ class Inventory(_Record, frozen=True, kw_only=True):
                 _require(uuid not in seen_uuids, f"gpus[{i}]", f"duplicate uuid {uuid}")
                 seen_uuids.add(uuid)
             seen_indexes.add(gpu.index)
+        for i, lost in enumerate(self.lost):
+            _require(lost.uuid not in seen_uuids, f"lost[{i}].uuid", f"{lost.uuid} is in gpus")
+            seen_uuids.add(lost.uuid)
 
     def uuids(self) -> set[str]:
         """Every GPU and MIG device UUID this inventory claims."""
         return {u for g in self.gpus for u in (g.uuid, *(m.uuid for m in g.mig))}
+
+    def slice_keys(self) -> dict[str, Gpu]:
+        """Every allocatable slice's key (`Device.slice_id`) -> its GPU: the GPU's UUID for a
+        whole GPU, the MIG device's UUID, or `<GPU UUID>/mps/<i>` for each MPS share."""
+        keys: dict[str, Gpu] = {}
+        for gpu in self.gpus:
+            if gpu.mode == "mig":
+                keys.update((m.uuid, gpu) for m in gpu.mig)
+            elif gpu.mode == "mps":
+                keys.update((mps_slice_key(gpu.uuid, i), gpu) for i in range(gpu.mps_shares))
+            else:
+                keys[gpu.uuid] = gpu
+        return keys
+
+
+def mps_slice_key(gpu_uuid: str, share: int) -> str:
+    """The slice key of MPS share `share` of a GPU."""
+    return f"{gpu_uuid}/mps/{share}"
 
 
 class JobRef(_Record, frozen=True, kw_only=True):

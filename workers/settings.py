@@ -65,6 +65,8 @@ class AgentSettings:
     # in batches every metrics_batch_s.
     metrics_s: float = 30.0
     metrics_batch_s: float = 60.0
+    # The inventory is read again this often, and on SIGHUP (docs/agent.md, "Inventory").
+    inventory_s: float = 300.0
     # The process launcher's isolation of jobs (docs/agent.md, "Process launcher").
     var_dir: Path = Path(".var")
     job_uids: tuple[int, int] | None = DEFAULT_JOB_UIDS
@@ -121,6 +123,7 @@ class AgentSettings:
             ),
             metrics_s=_positive(get, "PORTAL_AGENT_METRICS_S", 30.0),
             metrics_batch_s=_positive(get, "PORTAL_AGENT_METRICS_BATCH_S", 60.0),
+            inventory_s=_positive(get, "PORTAL_AGENT_INVENTORY_S", 300.0),
             var_dir=var_dir.resolve(),
             job_uids=job_uids_from(get("PORTAL_AGENT_JOB_UIDS")),
             job_network=_choice(get, "PORTAL_AGENT_JOB_NETWORK", JOB_NETWORKS),

@@ -20,6 +20,12 @@ Exactly once, from the agent's side:
   with the stop's outcome. A run that had exited on its own before the stop was recorded keeps
   its own outcome: reporting a job that finished by itself as stopped would have the portal
   run it again.
+- `lose_slices()` when the inventory changed under running attempts (a GPU lost, a new MIG
+  layout: workers.hardware): each attempt on a slice that is gone is stopped and reported
+  `lost` with the reason (GPU_LOST: ..., MIG_RECONFIGURED: ...), unless it had ended on its
+  own first; a launch onto such a slice is not started (`SliceGone`, also `lost`). An attempt
+  that exits with an error is checked against the inventory first (`slice_gone`), so a job
+  whose GPU fell off the bus under it is reported lost, not failed.
 - `recover()` after a restart: attempts the journal says were running are adopted again when
   the launcher still has them (containers; processes that ended on their own), otherwise
   reported `lost`. An adopted run's log goes on from the journal's last log mark
@@ -35,7 +41,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from workers.launch import LaunchError, LeaseLapsed, dropped_user_keys
+from workers.launch import LaunchError, LeaseLapsed, SliceGone, dropped_user_keys
 from workers.launchers import Launcher, Run, describe_exit
 from workers.logship import LogShipper
 from workers.outbox import AttemptJournal, JournalEntry
@@ -61,6 +67,7 @@ OUTCOME_FOR_STOP = {
     "fence": "fenced",
     "shutdown": "preempted",
     "superseded": "preempted",
+    "hardware": "lost",
 }
 # Attempts kept in memory once ended (the journal on disk remembers longer).
 REMEMBERED_ATTEMPTS = 10_000
@@ -95,6 +102,7 @@ class Supervisor:
         kill_grace_s: float = 10.0,
         clock: Callable[[], float] = time.time,
         may_launch: Callable[[], bool] = lambda: True,
+        slice_gone: Callable[[Launch], str | None] = lambda launch: None,
     ) -> None:
         self.node = node
         self.launcher = launcher
@@ -103,6 +111,8 @@ class Supervisor:
         self.kill_grace_s = kill_grace_s
         self._clock = clock
         self._may_launch = may_launch
+        # Why one of the launch's slices is no longer on the node (None: all are there).
+        self._slice_gone = slice_gone
         self._lock = threading.Lock()
         self._attempts: OrderedDict[Key, Attempt] = OrderedDict()
         self._threads: dict[Key, threading.Thread] = {}
@@ -219,6 +229,29 @@ class Supervisor:
             ]
         _terminate(to_terminate)
         return len(fenced)
+
+    def lose_slices(self, gone: Mapping[str, str], grace_s: float) -> list[Key]:
+        """Stop every attempt that runs on a slice in `gone` (slice key -> why), to be reported
+        `lost` with the reason of its first such slice; returns their keys. As for a fence,
+        every stop is recorded before a run is signalled, and a run that had ended on its own
+        keeps its own outcome."""
+        with self._lock:
+            hit: list[tuple[Attempt, str]] = []
+            for attempt in self._attempts.values():
+                if attempt.launch is None or attempt.finished is not None:
+                    continue
+                why = next(
+                    (gone[d.slice_id] for d in attempt.launch.devices if d.slice_id in gone), None
+                )
+                if why is not None:
+                    hit.append((attempt, why))
+            to_terminate = [
+                pending
+                for attempt, why in hit
+                for pending in self._request_stop(attempt, "hardware", grace_s, why)
+            ]
+        _terminate(to_terminate)
+        return [attempt.key for attempt, _ in hit]
 
     def running(self) -> list[RunningAttempt]:
         """Attempts accepted here and not finished: the heartbeat's `running` list."""
@@ -359,6 +392,10 @@ class Supervisor:
             log.warning("job %s attempt %s not started: %s", *attempt.key, exc)
             self._finish(attempt, None, "fenced", str(exc))
             return
+        except SliceGone as exc:
+            log.warning("job %s attempt %s not started: %s", *attempt.key, exc)
+            self._finish(attempt, None, "lost", str(exc))
+            return
         except Exception as exc:
             log.warning("job %s attempt %s did not start: %s", *attempt.key, exc)
             self._finish(attempt, None, "launch_error", _describe_error(exc))
@@ -425,6 +462,11 @@ class Supervisor:
         attempt.log_chunks = shipper.seq
         fenced = _fenced_reason(run)
         lost = _lost_reason(run)
+        if exit_code != 0 and not lost and attempt.stop_reason is None:
+            # Did it fail on its own because its GPU went (a CUDA error before the agent
+            # noticed)? The inventory is read again now, outside the lock: it may stop other
+            # attempts. (A stopped attempt's outcome is its stop's: nothing to read.)
+            lost = self._slice_gone(launch)
         stop_reached = _stop_reached(run)
         note = str(getattr(run, "end_note", ""))
         run.release()
@@ -439,7 +481,8 @@ class Supervisor:
             if attempt.stop_reason is not None and (fenced or stop_reached):
                 return _stopped_outcome(attempt)
             if lost:
-                # What it ran on failed under it (its GPU's MPS daemon died): not its result.
+                # What it ran on failed under it (its GPU's MPS daemon died, its GPU fell off
+                # the bus): not its result.
                 return "lost", lost
             # It ended on its own, even if a stop was asked for meanwhile: its result stands
             # (reporting a finished job as stopped would run it again).

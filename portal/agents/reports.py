@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from portal.agents.dispatch import recently_sent, request_stop, send_queries, send_stop_attempt
 from portal.agents.gpu_metrics import record_gpu_samples
+from portal.agents.hardware import record_inventory_change
 from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMessage
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
@@ -254,6 +255,10 @@ def record_heartbeat(msg: Heartbeat, *, now: datetime) -> Ack:
             if _its_attempt(finished):
                 record_finished(finished, now=now)
             settled.append(finished.report_key())
+        # Slices that are gone: drained, the attempts still on them asked to stop (after the
+        # ends this heartbeat reports, so an attempt already over is not asked), an event on
+        # the node.
+        record_inventory_change(node, msg.inventory, changed, now=now)
         if age <= settings.AGENT_LEASE_S:
             _settle_running(node, msg, now)
         else:

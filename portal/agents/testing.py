@@ -20,7 +20,15 @@ from portal.agents.tasks import agent_report
 from portal.celery import app
 from portal.cluster.models import Node
 from workers.inventory import DEFAULT_DESCRIPTION, described_inventory
-from workers.protocol import Finished, Heartbeat, LogChunk, RunningAttempt, Started, parse
+from workers.protocol import (
+    Finished,
+    Heartbeat,
+    Inventory,
+    LogChunk,
+    RunningAttempt,
+    Started,
+    parse,
+)
 from workers.signing import key_from_text, seal
 
 AGENT_VERSION = "test-agent"
@@ -40,9 +48,11 @@ def heartbeat(
     boot: str = BOOT,
     previous_boot: str = "",
     address: str = "",
+    inventory: Inventory | None = None,
 ) -> dict[str, Any]:
     """A heartbeat dict with the described inventory (the default: 2 whole GPUs, one MIG GPU
-    3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares). ``running`` takes
+    3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares), or ``inventory`` as given
+    (one with lost GPUs, as an NVML agent reports it). ``running`` takes
     (job, attempt) pairs (not started yet) or RunningAttempt records; ``finished`` takes
     dicts made by ``finished()``; ``address`` is where the node is reached (empty: what an
     agent older than the field sends)."""
@@ -54,7 +64,7 @@ def heartbeat(
         seq=next(_heartbeat_seq),
         agent_version=AGENT_VERSION,
         sent_at=time.time() if sent_at is None else sent_at,
-        inventory=described_inventory(node, description or DEFAULT_DESCRIPTION),
+        inventory=inventory or described_inventory(node, description or DEFAULT_DESCRIPTION),
         running=tuple(
             r if isinstance(r, RunningAttempt) else RunningAttempt(job_id=r[0], attempt=r[1])
             for r in running

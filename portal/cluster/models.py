@@ -40,8 +40,9 @@ class Node(models.Model):
 
 
 class NodeEvent(models.Model):
-    """One operator action on a node, or what came of it (cordon, drain, drained...): who,
-    when, what. ``by`` is a username; empty when the portal itself acted (a drain deadline)."""
+    """One operator action on a node, or what came of it (cordon, drain, drained...), or a
+    change of its hardware (a GPU lost or back, a new MIG layout): who, when, what. ``by`` is
+    a username; empty when the portal itself acted (a drain deadline, an inventory change)."""
 
     class Kind(models.TextChoices):
         CORDON = "cordon"
@@ -50,6 +51,12 @@ class NodeEvent(models.Model):
         DRAIN_CALLED_OFF = "drain_called_off"
         PREEMPT = "preempt"  # a drain's deadline passed: its jobs were asked to stop
         DRAINED = "drained"  # a drain ended: nothing holds the node's slices
+        # The inventory its agent reports changed (portal.agents.hardware): a GPU left it
+        # (fell off the bus, a critical Xid error, removed), came (back) into it, or a GPU
+        # that stays got other slices (a new MIG layout).
+        GPU_LOST = "gpu_lost"
+        GPU_BACK = "gpu_back"
+        RECONFIGURED = "reconfigured"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from portal.cluster.models import Gpu, Node, Slice
 from scheduler.model import MIG_COMPUTE_SLICES_PER_GPU, SliceKind
 from scheduler.units import mig_units, mps_units
 from workers.protocol import Gpu as InventoryGpu
+from workers.protocol import mps_slice_key
 
 log = logging.getLogger("portal.cluster")
 
@@ -50,7 +51,9 @@ def wanted_slices(gpus: Iterable[InventoryGpu]) -> dict[str, WantedSlice]:
         elif gpu.mode == "mps":
             units = mps_units(gpu.mps_shares)
             for i in range(gpu.mps_shares):
-                wanted[f"{gpu.uuid}/mps/{i}"] = WantedSlice(gpu.uuid, SliceKind.MPS, "", "", units)
+                wanted[mps_slice_key(gpu.uuid, i)] = WantedSlice(
+                    gpu.uuid, SliceKind.MPS, "", "", units
+                )
         else:
             wanted[gpu.uuid] = WantedSlice(gpu.uuid, SliceKind.WHOLE, "", "", 1.0)
     return wanted
@@ -69,14 +72,46 @@ def _mig_slice_units(profile: str) -> float | None:
     return int(match.group(1) or match.group(2)) / MIG_COMPUTE_SLICES_PER_GPU
 
 
-def sync_inventory(node: Node, gpus: tuple[InventoryGpu, ...]) -> bool:
-    """Make the node's Gpu and Slice rows match the inventory; returns whether anything changed."""
-    changed = False
+@dataclass(frozen=True, slots=True)
+class GoneSlice:
+    """A slice the node's inventory no longer lists (present -> absent)."""
+
+    pk: int
+    key: str
+    kind: str
+    gpu_uuid: str
+    gpu_index: int
+
+
+@dataclass(slots=True)
+class InventoryChange:
+    """What one sync changed: true when anything did. ``gone``: slices that were offered and
+    are not now; ``new``: slice keys offered now that were not (created or back);
+    ``gpus_gone`` / ``gpus_back`` / ``gpus_new``: (UUID, index) of GPUs that left the
+    inventory, came back into it, or joined a node that had GPUs already. ``registered``: the
+    node had no GPU before (its first inventory)."""
+
+    changed: bool = False
+    registered: bool = False
+    gone: list[GoneSlice] = field(default_factory=list)
+    new: list[str] = field(default_factory=list)
+    gpus_gone: list[tuple[str, int]] = field(default_factory=list)
+    gpus_back: list[tuple[str, int]] = field(default_factory=list)
+    gpus_new: list[tuple[str, int]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.changed
+
+
+def sync_inventory(node: Node, gpus: tuple[InventoryGpu, ...]) -> InventoryChange:
+    """Make the node's Gpu and Slice rows match the inventory; says what changed."""
+    change = InventoryChange()
     by_uuid = {g.uuid: g for g in gpus}
     rows = {
         g.uuid: g
         for g in Gpu.objects.filter(node=node) | Gpu.objects.filter(uuid__in=list(by_uuid))
     }
+    change.registered = not any(row.node_id == node.pk for row in rows.values())
     for uuid, gpu in by_uuid.items():
         values = {
             "node_id": node.pk,
@@ -89,24 +124,34 @@ def sync_inventory(node: Node, gpus: tuple[InventoryGpu, ...]) -> bool:
         row = rows.get(uuid)
         if row is None:
             rows[uuid] = Gpu.objects.create(uuid=uuid, **values)
-            changed = True
+            change.changed = True
+            if not change.registered:
+                change.gpus_new.append((uuid, gpu.index))
         elif any(getattr(row, k) != v for k, v in values.items()):
+            if not row.present or row.node_id != node.pk:
+                change.gpus_back.append((uuid, gpu.index))
             Gpu.objects.filter(pk=row.pk).update(**values)
-            changed = True
-    gone = [row.pk for uuid, row in rows.items() if uuid not in by_uuid and row.present]
+            change.changed = True
+    gone = [row for uuid, row in rows.items() if uuid not in by_uuid and row.present]
     if gone:
-        Gpu.objects.filter(pk__in=gone).update(present=False)
-        changed = True
-    return _sync_slices(node, rows, wanted_slices(gpus)) or changed
+        Gpu.objects.filter(pk__in=[row.pk for row in gone]).update(present=False)
+        change.changed = True
+        change.gpus_gone.extend((row.uuid, row.index) for row in gone)
+    _sync_slices(node, rows, wanted_slices(gpus), change)
+    return change
 
 
 def _sync_slices(
-    node: Node, gpu_rows: Mapping[str, Gpu], wanted: Mapping[str, WantedSlice]
-) -> bool:
-    changed = False
+    node: Node,
+    gpu_rows: Mapping[str, Gpu],
+    wanted: Mapping[str, WantedSlice],
+    change: InventoryChange,
+) -> None:
     existing = {
         s.key: s
-        for s in Slice.objects.filter(gpu__node=node) | Slice.objects.filter(key__in=list(wanted))
+        for s in (
+            Slice.objects.filter(gpu__node=node) | Slice.objects.filter(key__in=list(wanted))
+        ).select_related("gpu")
     }
     to_create = []
     for key, want in wanted.items():
@@ -121,14 +166,26 @@ def _sync_slices(
         row = existing.get(key)
         if row is None:
             to_create.append(Slice(key=key, **values))
+            change.new.append(key)
         elif any(getattr(row, k) != v for k, v in values.items()):
+            if not row.present:
+                change.new.append(key)
             Slice.objects.filter(pk=row.pk).update(**values)
-            changed = True
+            change.changed = True
     if to_create:
         Slice.objects.bulk_create(to_create)
-        changed = True
-    gone = [row.pk for key, row in existing.items() if key not in wanted and row.present]
+        change.changed = True
+    gone = [row for key, row in existing.items() if key not in wanted and row.present]
     if gone:
-        Slice.objects.filter(pk__in=gone).update(present=False)
-        changed = True
-    return changed
+        Slice.objects.filter(pk__in=[row.pk for row in gone]).update(present=False)
+        change.changed = True
+        change.gone.extend(
+            GoneSlice(
+                pk=row.pk,
+                key=row.key,
+                kind=row.kind,
+                gpu_uuid=row.gpu.uuid,
+                gpu_index=row.gpu.index,
+            )
+            for row in gone
+        )

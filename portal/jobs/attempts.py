@@ -58,6 +58,15 @@ _ENDING_STOPS = frozenset({"cancel", IDLE_RECLAIM})
 # The portal's own stop reason for the other parts of a multi-node gang once one part ended
 # otherwise than succeeded (sent as a cancel): the gang's end state is that part's.
 GANG_STOP = "gang"
+# The portal's own stop reasons for an attempt whose slices left its node's inventory
+# (portal.agents.hardware) -> the code its loss is recorded with. Sent to the agent as a
+# cancel; whatever stop outcome the agent reports, the attempt is LOST and the job requeued
+# within its retry bound, as for any loss.
+HARDWARE_STOPS = {
+    "gpu_lost": "GPU_LOST",
+    "mig_reconfigured": "MIG_RECONFIGURED",
+    "gpu_reconfigured": "GPU_RECONFIGURED",
+}
 
 
 # --- start ------------------------------------------------------------------------------------
@@ -142,6 +151,8 @@ def end_state_for(outcome: str, stop_reason: str) -> str:
     state = OUTCOME_STATES[outcome]
     if stop_reason in _ENDING_STOPS and state in (S.PREEMPTED, S.CANCELLED, S.LOST):
         return S.CANCELLED
+    if stop_reason in HARDWARE_STOPS and state in (S.PREEMPTED, S.CANCELLED):
+        return S.LOST
     if stop_reason == "preempt" and state in (S.CANCELLED, S.LOST):
         return S.PREEMPTED
     return state
@@ -220,13 +231,13 @@ def _attempt_ends(
     to = end_state_for(outcome, stop_reason)
     if to == S.LOST:
         # The agent says the attempt is over without a result of its own (it was fenced, died
-        # with an earlier agent run, or never ran here): requeued, within the retry bound.
-        return attempt_lose(
-            job_id=job_id,
-            attempt=attempt,
-            why=f"{outcome} on {node}" + (f": {error}" if error else ""),
-            now=now,
-        )
+        # with an earlier agent run, or never ran here), or the portal stopped it because its
+        # slices left the node's inventory: requeued, within the retry bound.
+        why = f"{outcome} on {node}" + (f": {error}" if error else "")
+        code = HARDWARE_STOPS.get(stop_reason)
+        if code is not None and not error.startswith(code):
+            why = f"{code}: its slices left the inventory of {node} ({why})"
+        return attempt_lose(job_id=job_id, attempt=attempt, why=why, now=now)
     detail = error or outcome
     if to == S.CANCELLED and stop_reason == IDLE_RECLAIM:
         detail = IDLE_RECLAIMED

@@ -9,13 +9,12 @@ to the job back in PENDING.
 
 from __future__ import annotations
 
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mps_fake import FAKE_MPS_CONTROL, kill_daemon, mps_root
+from sleeping_job import SleepingLauncher
 
 from portal.agents.dispatch import send_launch
 from portal.agents.keys import node_key_text
@@ -25,7 +24,6 @@ from portal.jobs.models import Allocation, Job, JobState
 from portal.jobs.testing import allocate, make_job, make_team, make_user
 from workers.agent import Agent
 from workers.inventory import DEFAULT_DESCRIPTION, described_inventory
-from workers.launchers import exit_code_from_returncode
 from workers.mps import MpsSupervisor
 from workers.protocol import Ack, Heartbeat, Message, Metrics, parse
 from workers.signing import key_from_text, seal
@@ -71,7 +69,7 @@ def test_a_dead_mps_daemon_sends_its_gpus_job_back_to_pending_saying_why(
         agent = Agent(
             node=NODE,
             inventory=described_inventory(NODE, DEFAULT_DESCRIPTION),
-            launcher=_SleepingLauncher(),
+            launcher=SleepingLauncher(),
             send=outbox.append,
             workdir=tmp_path / "agent",
             key=key,
@@ -147,39 +145,3 @@ def _pump_until(outbox: list[Message], done: object, timeout: float = 30.0) -> N
                 deliver(message.to_dict())
         assert time.monotonic() < deadline, "the portal never got there"
         time.sleep(0.02)
-
-
-class _SleepingLauncher:
-    """Starts a job that runs until it is stopped: a real process (`sleep`), as a CUDA client
-    would be, without the process launcher's isolation (not what this test is about)."""
-
-    name = "sleeping"
-
-    def start(self, launch: object) -> _SleepRun:
-        return _SleepRun(subprocess.Popen(["sleep", "600"]))
-
-
-class _SleepRun:
-    def __init__(self, process: subprocess.Popen[bytes]) -> None:
-        self.process = process
-        self.pid: int | None = process.pid
-        self.container_id: str | None = None
-
-    def output(self, offset: int = 0) -> Iterator[bytes]:
-        self.process.wait()
-        return iter(())
-
-    def wait(self) -> int:
-        return exit_code_from_returncode(self.process.wait())
-
-    def has_exited(self) -> bool:
-        return self.process.poll() is not None
-
-    def terminate(self, grace_s: float) -> None:
-        self.process.terminate()
-
-    def reap(self) -> None:
-        pass
-
-    def release(self) -> None:
-        pass

@@ -31,6 +31,7 @@ from celery import Celery
 from job_processes import python_for_job_uids
 from kombu import Connection
 
+from workers.inventory import stable_uuid
 from workers.lease import lease_path, read_lease
 from workers.protocol import (
     CONTROL_QUEUE,
@@ -246,7 +247,8 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
             "the agent holds a lease",
         )
         gpu = registration.inventory.gpus[0]
-        device = Device(slice_id=f"{node}/0", kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
+        # The slice key the portal sends: a whole GPU's is its UUID (the agent checks it).
+        device = Device(slice_id=gpu.uuid, kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
 
         code = "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"
         hello = make_launch(
@@ -339,3 +341,94 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
         portal.close()
     assert portal.refused == []
     assert "Traceback" not in (tmp_path / "agent.log").read_text()
+
+
+def test_sighup_makes_the_running_agent_read_its_inventory_again_and_stop_what_went(
+    broker_url: str, tmp_path: Path, open_dir: Path
+) -> None:
+    """The real process under Celery (whose own SIGHUP handler would re-exec it): SIGHUP
+    re-reads the described inventory file; the same run (same boot) reports the new MIG
+    layout at once and reports the job on the MIG device that went `lost`."""
+    node = f"test-{uuid.uuid4().hex[:8]}"
+    key = secrets.token_bytes(KEY_BYTES)
+    python, job_env = python_for_job_uids()
+    description = tmp_path / "inventory.json"
+    description.write_text('{"gpus": [{"mode": "mig", "mig": ["3g.40gb", "3g.40gb"]}]}')
+    portal = FakePortal(broker_url, node=node, key=key)
+    log_file = (tmp_path / "agent.log").open("w")
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "workers"],
+        cwd=REPO,
+        env={
+            "PATH": os.environ["PATH"],
+            "PORTAL_BROKER_URL": broker_url,
+            "PORTAL_AGENT_NODE": node,
+            "PORTAL_AGENT_KEY": key_to_text(key),
+            "PORTAL_AGENT_GPU_SOURCE": "described",
+            "PORTAL_AGENT_INVENTORY": str(description),
+            "PORTAL_AGENT_WORKDIR": str(open_dir / "agent"),
+            "PORTAL_VAR_DIR": str(tmp_path / "var"),
+            # A long period between heartbeats: the heartbeat after SIGHUP is not a regular one.
+            "PORTAL_AGENT_HEARTBEAT_S": "20",
+            "PORTAL_AGENT_RESEND_S": "600",
+        },
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        first = portal.wait_for(lambda m: isinstance(m, Heartbeat) and m.node == node)
+        wait_until(
+            lambda: (
+                (lease := read_lease(lease_path(open_dir / "agent"))) is not None
+                and lease.valid_until > time.time()
+            ),
+            "the agent holds a lease",
+        )
+        (gpu,) = first.inventory.gpus
+        staying, going = gpu.mig  # described MIG ids follow position and profile
+        on = Device(
+            slice_id=going.uuid,
+            kind="mig",
+            gpu_uuid=gpu.uuid,
+            gpu_index=0,
+            mig_uuid=going.uuid,
+            profile="3g.40gb",
+        )
+        sleeper = make_launch(
+            [python, "-c", "import time; time.sleep(60)"],
+            node=node,
+            env=job_env,
+            job_id=21,
+            devices=(on,),
+        )
+        portal.send(TASK_LAUNCH, sleeper)
+        portal.wait_for(lambda m: isinstance(m, Started) and m.job_id == 21)
+
+        description.write_text('{"gpus": [{"mode": "mig", "mig": ["3g.40gb", "1g.10gb"]}]}')
+        asked_at = time.monotonic()
+        agent.send_signal(signal.SIGHUP)
+        again = portal.wait_for(
+            lambda m: isinstance(m, Heartbeat) and m.inventory != first.inventory, timeout=10
+        )
+        took = time.monotonic() - asked_at
+        assert again.boot == first.boot  # the same run: not re-executed by Celery
+        assert [(m.uuid, m.profile) for m in again.inventory.gpus[0].mig] == [
+            (staying.uuid, "3g.40gb"),
+            (stable_uuid("MIG", node, 0, 1, "1g.10gb"), "1g.10gb"),
+        ]
+        lost = portal.wait_for(lambda m: isinstance(m, Finished) and m.job_id == 21)
+        assert (lost.outcome, lost.error) == (
+            "lost",
+            f"MIG_RECONFIGURED: GPU 0 ({gpu.uuid}) now has MIG 3g.40gb, 1g.10gb",
+        )
+        assert took < 10  # the heartbeat was woken, not the 20 s period
+        assert agent.poll() is None
+        agent.send_signal(signal.SIGTERM)
+        assert agent.wait(timeout=30) == 0
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        log_file.close()
+        portal.close()
+    assert portal.refused == []

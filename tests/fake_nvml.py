@@ -7,7 +7,13 @@ it only knows what the test tells it.
 Where real NVML refuses, so does the fake, with the same error: utilisation rates are not
 supported on a GPU in MIG mode nor on its MIG devices; power and temperature are the physical
 GPU's (not supported on a MIG device handle); a GPU that fell off the bus answers every query
-with GPU_IS_LOST. Processes are pynvml's friendly objects (`pid`, `usedGpuMemory` in bytes or
+with GPU_IS_LOST (also to a handle asked for by index, its UUID, name and MIG mode, as
+the real library may). The test can change the hardware under the agent as an operator or a
+fault would: `reconfigure_mig` gives a GPU a new MIG layout (new MIG UUIDs, refused with
+IN_USE while a MIG device has processes, like `nvidia-smi mig -dci/-dgi`), `lose` makes a GPU
+fall off the bus, `xid` reports an Xid error through the event API (nvmlEventSetCreate,
+nvmlDeviceRegisterEvents, nvmlEventSetWait_v2 answering TIMEOUT when nothing is pending; it
+never blocks, it records the wait asked for). Processes are pynvml's friendly objects (`pid`, `usedGpuMemory` in bytes or
 None when the driver does not say); on a GPU in MPS mode the compute list holds the MPS server
 and the MPS list its clients.
 """
@@ -23,7 +29,11 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_IN_USE = 19
+NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
+NVML_EVENT_TYPE_PSTATE = 0x2
 NVML_ERROR_UNKNOWN = 999
 NVML_TEMPERATURE_GPU = 0
 
@@ -39,7 +49,9 @@ class NVMLError(Exception):
             NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
             NVML_ERROR_NOT_FOUND: "Not Found",
             NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+            NVML_ERROR_TIMEOUT: "Timeout",
             NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+            NVML_ERROR_IN_USE: "In use by another client",
             NVML_ERROR_UNKNOWN: "Unknown Error",
         }.get(self.value, f"NVML error {self.value}")
 
@@ -114,6 +126,34 @@ def busy_gpu(uuid: str) -> FakeGpu:
     )
 
 
+def a100_mig(uuid: str, profile: str, instance: int) -> FakeMig:
+    """A MIG device of an A100 80GB with the given profile ('3g.40gb') as GPU instance
+    `instance`, with the profile id, slices and memory NVML reports for it."""
+    profile_id = next(pid for pid, name in A100_80GB_PROFILES.values() if name == f"MIG {profile}")
+    slices = int(profile.split("g.", 1)[0])
+    memory_mb = {"1g.10gb": 9728, "2g.20gb": 19968, "3g.40gb": 40192, "4g.40gb": 40192}.get(
+        profile, 81050
+    )
+    return FakeMig(
+        uuid=uuid,
+        profile_id=profile_id,
+        gpu_instance_id=instance,
+        gpu_slices=slices,
+        compute_slices=slices,
+        memory_mb=memory_mb,
+        name=f"NVIDIA A100-SXM4-80GB MIG {profile}",
+    )
+
+
+@dataclass
+class FakeEventSet:
+    """What nvmlEventSetCreate returns: the devices registered on it, by event type mask."""
+
+    registered: dict[int, int] = field(default_factory=dict)  # GPU index -> event types
+    pending: list[SimpleNamespace] = field(default_factory=list)
+    freed: bool = False
+
+
 class FakeNvml:
     NVMLError = NVMLError
     NVML_DEVICE_MIG_ENABLE = 1
@@ -133,6 +173,65 @@ class FakeNvml:
         self.profiles = A100_80GB_PROFILES if profiles is None else profiles
         self.init_calls = 0
         self.shutdown_calls = 0
+        self.event_sets: list[FakeEventSet] = []
+        self.waits: list[int] = []  # the timeouts (ms) nvmlEventSetWait_v2 was called with
+
+    # --- what the test does to the hardware -------------------------------------------------
+
+    def lose(self, index: int) -> None:
+        """GPU `index` falls off the bus: every query of it answers GPU_IS_LOST from now on."""
+        self.gpus[index].lost = True
+
+    def recover(self, index: int) -> None:
+        """GPU `index` is back (reset, or the node was serviced)."""
+        self.gpus[index].lost = False
+
+    def reconfigure_mig(self, index: int, layout: list[FakeMig]) -> None:
+        """Give GPU `index` a new MIG layout (MIG mode on; an empty layout: MIG mode off).
+        Refused with IN_USE while a MIG device of it has processes, as the real tools are."""
+        gpu = self.gpus[index]
+        if any(mig is not None and mig.processes for mig in gpu.mig_slots):
+            raise NVMLError(NVML_ERROR_IN_USE)
+        gpu.mig_enabled = bool(layout)
+        gpu.mig_slots = list(layout)
+
+    def xid(self, index: int, code: int) -> None:
+        """The driver reports Xid `code` on GPU `index` (to every event set it is registered
+        on for critical Xid errors)."""
+        for events in self.event_sets:
+            if events.registered.get(index, 0) & NVML_EVENT_TYPE_XID_CRITICAL_ERROR:
+                events.pending.append(
+                    SimpleNamespace(
+                        device=("gpu", index),
+                        eventType=NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
+                        eventData=code,
+                        gpuInstanceId=0xFFFFFFFF,
+                        computeInstanceId=0xFFFFFFFF,
+                    )
+                )
+
+    # --- events -----------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> FakeEventSet:
+        events = FakeEventSet()
+        self.event_sets.append(events)
+        return events
+
+    def nvmlDeviceRegisterEvents(self, handle: tuple, types: int, events: FakeEventSet) -> None:
+        if handle[0] == "mig":
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        self._readable(handle)
+        events.registered[handle[1]] = events.registered.get(handle[1], 0) | types
+
+    def nvmlEventSetWait_v2(self, events: FakeEventSet, timeout_ms: int) -> SimpleNamespace:
+        self.waits.append(timeout_ms)
+        if not events.pending:
+            raise NVMLError(NVML_ERROR_TIMEOUT)  # the real call would have waited timeout_ms
+        return events.pending.pop(0)
+
+    def nvmlEventSetFree(self, events: FakeEventSet) -> None:
+        events.freed = True
+        self.event_sets.remove(events)
 
     # --- library ----------------------------------------------------------------------------
 
@@ -150,6 +249,8 @@ class FakeNvml:
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> tuple[str, int]:
+        if self.gpus[index].lost:
+            raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         return ("gpu", index)
 
     def nvmlDeviceGetHandleByUUID(self, uuid: str) -> tuple:
@@ -170,11 +271,13 @@ class FakeNvml:
         return mig
 
     def nvmlDeviceGetUUID(self, handle: tuple) -> str | bytes:
+        self._readable(handle)
         if handle[0] == "mig":
             return self._mig(handle).uuid
         return self._gpu(handle).uuid.encode()  # older pynvml releases return bytes
 
     def nvmlDeviceGetName(self, handle: tuple) -> str:
+        self._readable(handle)
         return self._mig(handle).name if handle[0] == "mig" else self._gpu(handle).name
 
     def nvmlDeviceGetMemoryInfo(self, handle: tuple) -> SimpleNamespace:
@@ -237,6 +340,7 @@ class FakeNvml:
     # --- MIG --------------------------------------------------------------------------------
 
     def nvmlDeviceGetMigMode(self, handle: tuple) -> list[int]:
+        self._readable(handle)
         gpu = self._gpu(handle)
         if not gpu.mig_capable:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
