@@ -325,6 +325,9 @@ class MpsSupervisor:
             return "dead", f"{self.binary} could not run: {exc}"
         answer = result.stdout.strip()
         if result.returncode != 0:
+            if recorded is not None and _daemon_pid(daemon.pipe) is None:
+                # It died while the check ran: its process being gone is the cause to report.
+                return "dead", f"its process {recorded} is gone"
             said = (result.stderr.strip() or answer).splitlines()
             return "dead", f"get_server_list failed (exit {result.returncode})" + (
                 f": {said[0]}" if said else ""
