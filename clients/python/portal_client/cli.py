@@ -277,7 +277,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    request = _submit_request(args)
+    request = submit_request(args)
     if "array" in request:
         return _submit_array(args, request)
     with _client(args) as portal:
@@ -582,7 +582,8 @@ def _progress_wanted(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty() and not getattr(args, "quiet", False) and not args.json
 
 
-def _submit_request(args: argparse.Namespace) -> dict[str, Any]:
+def submit_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The body ``gpu-portal submit``'s flags (and ``-f`` file) make, not yet checked."""
     request = _read_request_file(args.file) if args.file else {}
     for field in ("name", "team", "image", "priority"):
         if getattr(args, field) is not None:
