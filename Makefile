@@ -36,7 +36,13 @@ $(INSTALLED): pyproject.toml $(CLIENT)/pyproject.toml | $(PY)
 	$(PY) -m pip install --disable-pip-version-check --quiet -e '.[dev]' -e ./$(CLIENT)
 	@touch $@
 
-install: $(INSTALLED)
+# The client's dependency wheels, for the test that installs it into a clean venv offline.
+WHEELHOUSE := .var/client-wheelhouse/.complete
+
+$(WHEELHOUSE): $(CLIENT)/pyproject.toml | $(INSTALLED)
+	@PY=$(PY) bash scripts/client-wheelhouse.sh
+
+install: $(INSTALLED) $(WHEELHOUSE)
 
 run: $(INSTALLED)
 	$(PY) manage.py migrate --noinput
@@ -52,7 +58,7 @@ dockerd:
 iproute2:
 	@bash scripts/ensure-iproute2.sh
 
-test: $(INSTALLED) chromium dockerd iproute2
+test: $(INSTALLED) $(WHEELHOUSE) chromium dockerd iproute2
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict scheduler workers
 	@# pytest exits 5 when it collected no test: that is a broken suite, never a pass.

@@ -13,19 +13,21 @@ GPU_PORTAL = Path(sys.executable).with_name("gpu-portal")
 
 
 class Cli:
-    """Runs ``gpu-portal`` with a config file of its own and, unless told otherwise, the
-    portal's URL and a token in PORTAL_URL / PORTAL_TOKEN (nothing else of PORTAL_* leaks in)."""
+    """Runs ``gpu-portal`` (this venv's, or ``program``) with a config file of its own and,
+    unless told otherwise, the portal's URL and a token in PORTAL_URL / PORTAL_TOKEN (nothing
+    else of PORTAL_* leaks in)."""
 
-    def __init__(self, url: str, token: str, config: Path) -> None:
+    def __init__(self, url: str, token: str, config: Path, program: Path = GPU_PORTAL) -> None:
         self.url = url
         self.token = token
         self.config = config
+        self.program = program
 
     def __call__(
         self, *args: str, stdin: str = "", logged_in: bool = True, **extra_env: str
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(GPU_PORTAL), *args],
+            [str(self.program), *args],
             input=stdin,
             capture_output=True,
             text=True,
@@ -41,7 +43,7 @@ class Cli:
     def start(self, *args: str) -> subprocess.Popen[str]:
         """The command running in the background (``ls --watch``), its output piped."""
         return subprocess.Popen(
-            [str(GPU_PORTAL), *args],
+            [str(self.program), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import stat
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_runner import Cli
+from django.utils import timezone
 
-from portal.jobs.models import Job, JobLogChunk, JobState
-from portal.jobs.testing import World, make_job
+from portal.jobs.models import Allocation, Job, JobLogChunk, JobState
+from portal.jobs.testing import World, allocate, make_job, make_node
 from portal.tenants.tokens import token_issue
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
@@ -184,17 +186,39 @@ def test_wait_exits_0_when_the_job_succeeded_1_when_it_failed_4_on_timeout(
     assert (reached.returncode, reached.stdout.split()[:3]) == (0, ["job", str(waiting.pk), "PENDING"])  # fmt: skip
 
 
-def test_teams_and_usage_show_holdings_against_the_quota(cli: Cli) -> None:
+def test_teams_and_usage_show_gpu_hours_used_and_holdings_against_the_quota(
+    cli: Cli, world: World
+) -> None:
+    make_node("node-a", gpus=[{"model": "NVIDIA A100"}])
+    running = make_job(team=world.vision, user=world.alice, state=JobState.RUNNING)
+    allocate(running, ["GPU-node-a-0"])
+    two_hours_ago = timezone.now() - timedelta(hours=2)
+    Allocation.objects.filter(job=running).update(created_at=two_hours_ago)
+
     teams = cli.json("teams")
     usage = cli("usage", "vision")
-    helped = cli("usage", "--help")
+    as_json = cli.json("usage")  # every team of mine
+    bad_day = cli("usage", "--from", "2024-13-01")
+    today = f"{timezone.now():%Y-%m-%d}"
+    one_day = cli.json("usage", "vision", "--from", today, "--to", today)
 
     assert [team["name"] for team in teams] == ["vision"]
     assert usage.returncode == 0, usage.stderr
-    assert "the API has no usage history yet" in usage.stdout
-    row = usage.stdout.splitlines()[2].split()
-    assert row[:4] == ["vision", "0", "2", "4"]  # in use, guarantee, limit
-    assert "GET /api/v1/teams/" in " ".join(helped.stdout.split())
+    lines = usage.stdout.splitlines()
+    assert lines[0].startswith("GPU-unit-hours from ")
+    team_row, member_row = lines[2].split(), lines[5].split()
+    # Used over the last 30 days; budget and left (none); held, guarantee, limit, borrowed.
+    assert team_row[0] == "vision" and float(team_row[1]) == pytest.approx(2.0, abs=0.05)
+    assert team_row[3:] == ["-", "-", "1", "2", "4", "0"]
+    assert member_row[:2] == ["alice", "member"]  # alice sees herself only
+    assert float(member_row[2]) == pytest.approx(2.0, abs=0.05)
+    assert "only you" in usage.stdout
+    (report,) = as_json
+    assert (report["team"], report["quota"]["held_units"]) == ("vision", 1.0)
+    assert len(report["days"]) == 30  # the API's default range: 30 days up to today
+    assert [day["date"] for day in one_day[0]["days"]] == [today]
+    assert bad_day.returncode == 2
+    assert "'2024-13-01' is not a date; allowed: YYYY-MM-DD" in bad_day.stderr
 
 
 # --- exit codes for what goes wrong --------------------------------------------------------

@@ -7,14 +7,17 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
+from portal_client.cli import build_parser, submit_request
 from rest_framework.test import APIClient
 
 from portal.cluster.models import Gpu, Node
@@ -431,14 +434,24 @@ def test_a_model_matches_the_demo_inventory_by_its_short_name():
 
 # --- the documented examples fit the demo inventory ---------------------------------------------
 
-DOCUMENTS = ("README.md", "docs/api.md", "docs/pages.md")
+DOCUMENTS = ("README.md", "docs/api.md", "docs/pages.md", "docs/client.md")
 
 
 def documented_requests(text: str) -> list[dict[str, Any]]:
     """Every job request an example in ``text`` sends: curl bodies (``-d '{...}'``), JSON
-    blocks, ``portal.submit(...)`` calls in Python blocks, and inline GPU requests
+    and YAML request blocks, ``portal.submit(...)`` calls in Python blocks, ``gpu-portal
+    submit`` command lines (the body the CLI makes of them), and inline GPU requests
     (`` `{"kind": ...}` ``, checked inside the README's first request)."""
     found: list[dict[str, Any]] = []
+    for block in re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("gpu-portal submit "):
+                argv = shlex.split(line, comments=True)[1:]
+                found.append(submit_request(build_parser().parse_args(argv)))
+    for block in re.findall(r"```yaml\n(.*?)```", text, flags=re.DOTALL):
+        data = yaml.safe_load(block)
+        if "gpu" in data:
+            found.append(data)
     for body in re.findall(r"-d '(\{.*?\})'", text, flags=re.DOTALL):
         found.append(json.loads(body))
     for block in re.findall(r"```json\n(.*?)```", text, flags=re.DOTALL):
@@ -480,9 +493,10 @@ def test_every_documented_example_request_is_accepted_by_the_demo_inventory():
             if request.gpu.model:
                 models.append(request.gpu.model)
 
-    # README: the curl body, the notebook call and the inline model example; docs/api.md: the
-    # JSON block, the curl body, the what-if's curl body, the array submit and the notebook
-    # call. pages.md has none today.
-    assert checked == {"README.md": 3, "docs/api.md": 5, "docs/pages.md": 0}
+    # README: the command line's submit, the curl body, the notebook call and the inline
+    # model example; docs/api.md: the JSON block, the curl body, the what-if's curl body, the
+    # array submit and the notebook call; docs/client.md: the Python submit, the command
+    # line's and the request file. pages.md has none today.
+    assert checked == {"README.md": 4, "docs/api.md": 5, "docs/pages.md": 0, "docs/client.md": 3}
     # The README's and the what-if example's short name, stored as the agent names it.
     assert models == [DEFAULT_MODEL, DEFAULT_MODEL]

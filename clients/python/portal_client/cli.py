@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -150,11 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     usage = command(
         "usage",
         cmd_usage,
-        "what a team holds now against its quota and budget. The portal's API has no usage "
-        "history yet, so this shows the holdings from the teams endpoint "
-        "(GET /api/v1/teams/), not GPU-hours used",
+        "GPU-unit-hours used (over --from..--to, and this month against the budget) and "
+        "what each team holds now against its quota; one team: per member too",
     )
     usage.add_argument("team", nargs="?", help="one team (default: all of mine)")
+    usage.add_argument("--from", dest="start", type=_day, help="first day, YYYY-MM-DD (UTC)")
+    usage.add_argument("--to", dest="end", type=_day, help="last day (default: today)")
     return parser
 
 
@@ -277,7 +278,7 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    request = _submit_request(args)
+    request = submit_request(args)
     if "array" in request:
         return _submit_array(args, request)
     with _client(args) as portal:
@@ -477,44 +478,55 @@ def cmd_teams(args: argparse.Namespace) -> int:
 
 def cmd_usage(args: argparse.Namespace) -> int:
     with _client(args) as portal:
-        teams = [portal.team(args.team)] if args.team else portal.teams()
-    rows = [
-        {
-            "team": team["name"],
-            "units_in_use": team["units_in_use"],
-            "guaranteed_units": team["guaranteed_units"],
-            "limit_units": team["limit_units"],
-            "borrowed_units": max(0.0, team["units_in_use"] - team["guaranteed_units"]),
-            "member_limit_units": team["member_limit_units"],
-            "budget_gpu_hours": team["budget_gpu_hours"],
-            "running_jobs": team["running_jobs"],
-            "pending_jobs": team["pending_jobs"],
-            "held_jobs": team["held_jobs"],
-        }
-        for team in teams
-    ]
+        names = [args.team] if args.team else [team["name"] for team in portal.teams()]
+        reports = [portal.usage(name, args.start, args.end) for name in names]
     if args.json:
-        _print_json(rows)
+        _print_json(reports)
         return EXIT_OK
-    print("GPU units held now against each team's quota (the API has no usage history yet).")
+    if reports:
+        days = reports[0]["days"]
+        print(f"GPU-unit-hours from {days[0]['date']} to {days[-1]['date']}; this month "
+              "against the budget; GPU units held now against the quota.")  # fmt: skip
     _print_table(
-        ["TEAM", "IN USE", "GUARANTEE", "LIMIT", "BORROWED", "PER MEMBER", "BUDGET GPU-H", "JOBS"],
+        ["TEAM", "UNIT-H", "THIS MONTH", "BUDGET", "LEFT", "HELD", "GUARANTEE", "LIMIT",
+         "BORROWED"],
         [
             [
-                row["team"],
-                _number(row["units_in_use"]),
-                _number(row["guaranteed_units"]),
-                _number(row["limit_units"]),
-                _number(row["borrowed_units"]),
-                _number(row["member_limit_units"]),
-                _number(row["budget_gpu_hours"]),
-                f"{row['running_jobs']} running, {row['pending_jobs']} pending, "
-                f"{row['held_jobs']} held",
+                report["team"],
+                _number(round(sum(day["gpu_unit_hours"] for day in report["days"]), 2)),
+                _number(round(report["period"]["gpu_unit_hours"], 2)),
+                _number(report["period"]["budget_gpu_unit_hours"]),
+                _number(_rounded(report["period"]["budget_left_gpu_unit_hours"])),
+                _number(report["quota"]["held_units"]),
+                _number(report["quota"]["guaranteed_units"]),
+                _number(report["quota"]["limit_units"]),
+                _number(report["quota"]["borrowed_units"]),
             ]
-            for row in rows
+            for report in reports
         ],
-    )
+    )  # fmt: skip
+    if args.team:
+        (report,) = reports
+        print()
+        _print_table(
+            ["MEMBER", "ROLE", "UNIT-H", "THIS MONTH"],
+            [
+                [
+                    member["username"],
+                    member["role"] or "(left)",
+                    _number(round(member["gpu_unit_hours"], 2)),
+                    _number(round(member["period_gpu_unit_hours"], 2)),
+                ]
+                for member in report["members"]
+            ],
+        )
+        if not report["every_member"]:
+            print("(only you: the team's admins see every member)")
     return EXIT_OK
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -582,7 +594,8 @@ def _progress_wanted(args: argparse.Namespace) -> bool:
     return sys.stderr.isatty() and not getattr(args, "quiet", False) and not args.json
 
 
-def _submit_request(args: argparse.Namespace) -> dict[str, Any]:
+def submit_request(args: argparse.Namespace) -> dict[str, Any]:
+    """The body ``gpu-portal submit``'s flags (and ``-f`` file) make, not yet checked."""
     request = _read_request_file(args.file) if args.file else {}
     for field in ("name", "team", "image", "priority"):
         if getattr(args, field) is not None:
@@ -777,6 +790,13 @@ def _duration(text: str) -> int:
         if seconds > 0:
             return seconds
     raise argparse.ArgumentTypeError(f"{text!r} is not a duration; allowed: 3600, 90m, 2h, 1h30m")
+
+
+def _day(text: str) -> date:
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date; allowed: YYYY-MM-DD") from None
 
 
 def _array_values(text: str) -> tuple[str, list[str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
+from datetime import date
 from functools import partial
 from typing import Any, Required, TypedDict, TypeVar, Unpack
 from urllib.parse import parse_qsl, urlsplit
@@ -298,6 +299,18 @@ class PortalClient:
     def team(self, name: str) -> dict[str, Any]:
         """One team: quota, units in use now, job counts, members."""
         return dict(self._call("GET", f"/teams/{name}/"))
+
+    def usage(
+        self, team: str, start: date | str | None = None, end: date | str | None = None
+    ) -> dict[str, Any]:
+        """A team's usage from day ``start`` to day ``end`` (UTC, both included; the portal's
+        default: the last 30 days): GPU-unit-hours per day and member (``days``,
+        ``members``), this budget period against the budget (``period``), the quota and
+        what it holds now (``quota``) and its holdings hour by hour (``holdings``)."""
+        query = {
+            field: str(day) for field, day in (("from", start), ("to", end)) if day is not None
+        }
+        return dict(self._call("GET", f"/teams/{team}/usage/", query=query))
 
     # --- HTTP --------------------------------------------------------------------------------
 

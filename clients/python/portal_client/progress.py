@@ -3,7 +3,10 @@ live widget in a notebook (``tqdm.auto`` picks; plain text where widgets are mis
 
 from __future__ import annotations
 
+import warnings
 from typing import IO, Any
+
+from tqdm import TqdmWarning  # type: ignore[import-untyped]
 
 from portal_client.jobs import Job, status_line
 
@@ -14,7 +17,11 @@ class WaitProgress:
     def __init__(self, *, enabled: bool, file: IO[str] | None = None) -> None:
         self._bar: Any = None
         if enabled:
-            from tqdm.auto import tqdm  # type: ignore[import-untyped]
+            with warnings.catch_warnings():
+                # A kernel without ipywidgets gets the text line, documented, and no
+                # "IProgress not found. Please update jupyter and ipywidgets" above it.
+                warnings.simplefilter("ignore", TqdmWarning)
+                from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
             # A bar without a bar: the description is the whole line.
             self._bar = tqdm(total=None, bar_format="{desc}", file=file, leave=True)
