@@ -118,7 +118,7 @@ def test_a_user_watches_the_what_if_change_with_a_bigger_request_then_submits(
     # What its attempt was charged (2 GPUs for a few seconds), as the page rounds it.
     charged = UsageRecord.objects.get(job=job, attempt=1)
     assert charged.gpu_units == 2.0 and charged.unit_seconds > 0
-    shown = row.locator("td[data-label='GPU-unit-hours']").inner_text()
+    shown = row.locator("td[data-label='Unit-hours']").inner_text()
     assert shown == unit_hours(charged.unit_seconds / 3600) == "< 0.01", shown
     assert row.locator("td[data-label='Last held']").inner_text().endswith(" UTC")
     screenshot(page, "usage-after-run.png")
