@@ -18,8 +18,10 @@ the whole request through the middleware) and the query count of one more render
 what-if (the submit form's live box) is asked with the snapshot cache cleared each time,
 its worst case.
 
-``python -m bench.pages [--repeats N] [--ended N] [--json PATH]`` prints a table; ``make
-bench-pages`` runs it (a few minutes: the world takes most of it).
+``python -m bench.pages [--repeats N] [--ended N] [--only what-if,cluster] [--json PATH]``
+prints a table (for the what-if also where a fresh one spends its time: loading the snapshot
+and ``schedule()``); ``make bench-pages`` runs it (about ten minutes: building the world takes
+two to four).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ ENDED = 2_000
 PEOPLE = ("member", "team admin", "site admin")
 
 
-def run(repeats: int = 5, ended: int = ENDED) -> dict[str, Any]:
+def run(repeats: int = 5, ended: int = ENDED, only: str = "") -> dict[str, Any]:
     import django
 
     django.setup()
@@ -61,6 +63,8 @@ def run(repeats: int = 5, ended: int = ENDED) -> dict[str, Any]:
         pages = _pages(people)
         rows = []
         for page in pages:
+            if only and not any(part.strip() in page.name for part in only.split(",")):
+                continue
             for who in PEOPLE:
                 if who in page.who:
                     rows.append(_measure(page, who, people[who], repeats))
@@ -203,6 +207,7 @@ def _measure(page: Page, who: str, user: Any, repeats: int) -> dict[str, Any]:
     times = [_timed(fetch)[0] for _ in range(repeats)]
     with CaptureQueriesContext(connection) as queries:
         fetch()
+    parts = _whatif_parts(page.post, user) if page.post is not None else {}
     return {
         "page": page.name,
         "path": page.path,
@@ -212,7 +217,28 @@ def _measure(page: Page, who: str, user: Any, repeats: int) -> dict[str, Any]:
         "first_ms": round(first[0], 1),
         "queries": len(queries.captured_queries),
         "bytes": len(first[1].content),
+        **parts,
     }
+
+
+def _whatif_parts(form: dict[str, Any], user: Any) -> dict[str, float]:
+    """Where a fresh what-if spends its time: loading the snapshot, and ``schedule()``."""
+    from portal.jobs.validation import validate_job_request
+    from portal.scheduling import whatif
+
+    request = validate_job_request(
+        {
+            "name": "what-if",
+            "team": form["team"],
+            "image": "python:3.11-slim",
+            "command": ["true"],
+            "gpu": {"kind": form["gpu_kind"], "count": int(form["gpu_count"])},
+        },
+        user=user,
+    )
+    whatif.clear_snapshot_cache()
+    answer = whatif.what_if(request=request, user=user)
+    return {"load_ms": round(answer.load_ms, 1), "decide_ms": round(answer.decide_ms, 1)}
 
 
 def _timed(fetch: Callable[[], Any]) -> tuple[float, Any]:
@@ -237,9 +263,14 @@ def render_table(results: dict[str, Any]) -> str:
 
 
 def _row(row: dict[str, Any]) -> str:
+    parts = (
+        f"  (load {row['load_ms']:.0f} ms, schedule() {row['decide_ms']:.0f} ms)"
+        if "load_ms" in row
+        else ""
+    )
     return (
         f"{row['page']:<28} {row['as']:<11} {row['median_ms']:>9.1f} "
-        f"{row['max_ms']:>8.1f} {row['queries']:>7}"
+        f"{row['max_ms']:>8.1f} {row['queries']:>7}{parts}"
     )
 
 
@@ -248,8 +279,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ended", type=int, default=ENDED, help="running jobs ended first")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--only", default="", help="only the pages whose name contains one of these (a,b)"
+    )
     args = parser.parse_args(argv)
-    results = run(repeats=args.repeats, ended=args.ended)
+    results = run(repeats=args.repeats, ended=args.ended, only=args.only)
     print(render_table(results))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
