@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench clean distclean install chromium dockerd iproute2
+.PHONY: help run test lint format bench bench-pages clean distclean install chromium dockerd iproute2
 .PHONY: chaos chaos-short chaos-recovery test-deep
 
 help:
@@ -24,6 +24,7 @@ help:
 	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - run the benchmarks into bench/results.json"
+	@echo "make bench-pages - each page's render time and queries on 1,000 nodes and 10,000+ jobs (~10 min)"
 	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20;"
 	@echo "              chaos-recovery: agent faults only, the recovery-time figures (12 min)"
 	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
@@ -81,6 +82,10 @@ format: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(PY) -m bench
+
+# Not part of `make bench`: building its world (1,000 nodes, 23,000 jobs) takes minutes.
+bench-pages: $(INSTALLED)
+	$(PY) -m bench.pages --json bench/pages.json $(ARGS)
 
 # The chaos harness (tests/chaos): a private PostgreSQL and Redis, the whole portal, seeded
 # faults, then checks against what really ran. Needs root. `make chaos SEED=3 ARGS="--agents 4"`.

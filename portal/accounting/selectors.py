@@ -73,14 +73,27 @@ class Charge:
     units: float
     held_from: float
     held_until: float
+    # The job the hold was its (its name and state now, for the lists of jobs that used it).
+    job_id: int
+    job_name: str
+    job_state: str
 
 
 def charges_between(*, team_id: int, start: datetime, end: datetime) -> list[Charge]:
     """The finished attempts of a team whose hold overlaps ``[start, end)``. One query."""
     rows = UsageRecord.objects.filter(
         team_id=team_id, started_at__lt=end, ended_at__gt=start
-    ).values_list("user_id", "user__username", "gpu_units", "started_at", "ended_at")
+    ).values_list(
+        "user_id",
+        "user__username",
+        "gpu_units",
+        "started_at",
+        "ended_at",
+        "job_id",
+        "job__name",
+        "job__state",
+    )
     return [
-        Charge(user_id, username, units, started_at.timestamp(), ended_at.timestamp())
-        for user_id, username, units, started_at, ended_at in rows
+        Charge(user, username, units, started.timestamp(), ended.timestamp(), job, name, state)
+        for user, username, units, started, ended, job, name, state in rows
     ]

@@ -66,6 +66,20 @@ class UsageHourSerializer(serializers.Serializer):
     borrowed_unit_hours = serializers.FloatField(help_text="held above the guarantee")
 
 
+class UsageJobSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    username = serializers.CharField()
+    state = serializers.CharField(help_text="the job's state now")
+    gpu_unit_hours = serializers.FloatField(
+        help_text="billed, on the requested days (a running job: up to now)"
+    )
+    last_held_at = serializers.DateTimeField(
+        help_text="when its latest hold on those days ended (now, while it runs)"
+    )
+    running = serializers.BooleanField(help_text="it holds GPUs now")
+
+
 class TeamUsageSerializer(serializers.Serializer):
     team = serializers.CharField()
     as_of = serializers.DateTimeField()
@@ -77,6 +91,11 @@ class TeamUsageSerializer(serializers.Serializer):
     period = UsagePeriodSerializer()
     quota = UsageQuotaSerializer()
     holdings = UsageHourSerializer(many=True)
+    jobs = UsageJobSerializer(
+        many=True,
+        help_text="the jobs that held GPUs on these days, latest first: every member's for "
+        "a team admin or site admin, your own for a member",
+    )
 
 
 def usage_data(report: UsageReport) -> dict[str, Any]:
@@ -123,6 +142,18 @@ def usage_data(report: UsageReport) -> dict[str, Any]:
                 "borrowed_unit_hours": hour.borrowed_unit_hours,
             }
             for hour in report.holdings
+        ],
+        "jobs": [
+            {
+                "id": job.job_id,
+                "name": job.name,
+                "username": job.username,
+                "state": job.state,
+                "gpu_unit_hours": job.gpu_unit_hours,
+                "last_held_at": job.last_held_at,
+                "running": job.running,
+            }
+            for job in report.jobs
         ],
     }
 

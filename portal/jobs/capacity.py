@@ -7,7 +7,8 @@ that holds it; the job (its id, name, user and state) only when it is one of the
 teams' jobs, or when the asker is a site admin. Commands are never part of it.
 
 A fixed number of queries whatever the size of the cluster (``CAPACITY_QUERIES``): nodes,
-GPUs, slices, the holds now, the holds of the last hours, and the asker's teams.
+GPUs, slices, the holds now, the holds of the last hours (summed per node in the database for
+those held all through them, one row each for the others), and the asker's teams.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, Sum
 
 from portal.accounting.usage import spread_over_bins
 from portal.cluster.models import Gpu, Node, Slice
@@ -27,7 +28,7 @@ from portal.tenants.selectors import is_site_admin, teams_for_user
 
 # This many queries, whatever the number of nodes, GPUs, slices and jobs
 # (one fewer for a site admin, whose teams need no look-up).
-CAPACITY_QUERIES = 6
+CAPACITY_QUERIES = 7
 UTILISATION_HOURS = 24
 
 # A slice's status, one of these; the first that applies wins.
@@ -43,8 +44,19 @@ _KIND_ORDER = {Slice.Kind.WHOLE: 0, Slice.Kind.MIG: 1, Slice.Kind.MPS: 2}
 _DIGITS = re.compile(r"(\d+)")
 
 
-def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS) -> dict[str, Any]:
+def cluster_capacity(
+    *,
+    user: Any,
+    now: datetime,
+    hours: int = UTILISATION_HOURS,
+    page: int | None = None,
+    per_page: int = 50,
+) -> dict[str, Any]:
     """Everything the Cluster page shows, as of ``now`` (see the module's docstring).
+
+    ``page`` (from 1; beyond the last: the last): only that page's ``per_page`` nodes are
+    listed in ``nodes`` (``nodes_page`` says which page, ``nodes_total`` how many nodes in
+    all); the totals and the utilisation always count every node. None: every node listed.
 
     - ``nodes``: each node (state, agent, last heartbeat and whether it is late), its GPUs and
       their slices, each slice with its ``status`` (free, held, draining, lost) and ``holder``
@@ -106,7 +118,13 @@ def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS
     by_kind: dict[tuple[str, str], dict[str, Any]] = {}
     node_units: dict[int, float] = {}
     out_nodes = []
-    for node in nodes:
+    if page is None:
+        listed = range(len(nodes))
+    else:
+        page = min(max(1, page), max(1, -(-len(nodes) // per_page)))
+        listed = range((page - 1) * per_page, page * per_page)
+    for position, node in enumerate(nodes):
+        shown = position in listed
         node_lost = node["state"] == Node.State.LOST
         node_draining = node["state"] == Node.State.DRAINED
         counts = dict.fromkeys(STATUSES, 0)
@@ -115,7 +133,8 @@ def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS
         out_gpus = []
         for gpu in gpus_of[node["id"]]:
             out_slices = []
-            for row in sorted(slices_of[gpu["id"]], key=lambda r: _natural(r["key"])):
+            rows = slices_of[gpu["id"]]
+            for row in sorted(rows, key=lambda r: _natural(r["key"])) if shown else rows:
                 hold = holds.get(row["id"])
                 gone = not (gpu["present"] and row["present"])
                 if node_lost or gone:
@@ -147,6 +166,8 @@ def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS
                 total["total"] += 1
                 if status == FREE:
                     total["free_units"] += row["units"]
+                if not shown:
+                    continue  # counted; spelled out only for the nodes listed
                 out_slices.append(
                     {
                         "key": row["key"],
@@ -158,17 +179,20 @@ def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS
                         "holder": _holder(hold, seen_teams),
                     }
                 )
-            out_gpus.append(
-                {
-                    "index": gpu["index"],
-                    "uuid": gpu["uuid"],
-                    "model": gpu["model"],
-                    "memory_mb": gpu["memory_mb"],
-                    "mode": gpu["mode"],
-                    "present": gpu["present"],
-                    "slices": out_slices,
-                }
-            )
+            if shown:
+                out_gpus.append(
+                    {
+                        "index": gpu["index"],
+                        "uuid": gpu["uuid"],
+                        "model": gpu["model"],
+                        "memory_mb": gpu["memory_mb"],
+                        "mode": gpu["mode"],
+                        "present": gpu["present"],
+                        "slices": out_slices,
+                    }
+                )
+        if not shown:
+            continue
         heartbeat = node["last_heartbeat_at"]
         age = (now - heartbeat).total_seconds() if heartbeat is not None else None
         out_nodes.append(
@@ -211,6 +235,8 @@ def cluster_capacity(*, user: Any, now: datetime, hours: int = UTILISATION_HOURS
         "units": units,
         "free_by_kind": free_by_kind,
         "nodes": out_nodes,
+        "nodes_total": len(nodes),
+        "nodes_page": page,
         "utilisation": _utilisation(now=now, hours=hours, nodes=nodes, node_units=node_units),
     }
 
@@ -289,8 +315,26 @@ def _utilisation(
     held = [0.0] * hours
     for node_id, (begin, end) in service.items():
         _spread(capacity, origin, until, node_units.get(node_id, 0.0), begin, end)
+    # Held all through the window (most holds on a busy cluster): each counts over its node's
+    # time in service within the window, the same for all of them, so the database sums their
+    # units per node instead of sending a row each.
+    throughout = Q(created_at__lte=window_start) & (
+        Q(released_at__isnull=True) | Q(released_at__gte=now)
+    )
+    summed = (
+        Allocation.objects.filter(throughout)
+        .values_list("slice__gpu__node_id")
+        .annotate(units=Sum("slice__units"))
+        .order_by()
+    )
+    for node_id, slice_units in summed:
+        if node_id in service:
+            begin, end = service[node_id]
+            _spread(held, origin, until, slice_units, max(window_start, begin), end)
+    # The others: begun in the window, or ended in it.
     intervals = Allocation.objects.filter(
-        Q(released_at__isnull=True) | Q(released_at__gt=window_start), created_at__lt=now
+        Q(created_at__gt=window_start, created_at__lt=now)
+        | Q(created_at__lte=window_start, released_at__gt=window_start, released_at__lt=now)
     ).values_list("created_at", "released_at", "slice__units", "slice__gpu__node_id")
     for created_at, released_at, slice_units, node_id in intervals:
         begin, end = service.get(node_id, (created_at, created_at))

@@ -59,6 +59,19 @@ class MemberUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class JobUsage:
+    """A job that held GPUs on the report's days (`sacct`'s line): what it was charged there."""
+
+    job_id: int
+    name: str
+    username: str
+    state: str  # now
+    gpu_unit_hours: float  # billed, on the report's days (a running job: up to now)
+    last_held_at: datetime  # when its latest hold on those days ended (now: still held)
+    running: bool
+
+
+@dataclass(frozen=True, slots=True)
 class HeldHour:
     start: datetime
     mean_units: float
@@ -87,6 +100,9 @@ class UsageReport:
     held_units: float
     borrowed_units: float
     holdings: tuple[HeldHour, ...]
+    # The jobs the viewer may see by name (a member: their own) that held GPUs on these
+    # days, the latest first.
+    jobs: tuple[JobUsage, ...]
 
     @property
     def range_hours(self) -> float:
@@ -139,7 +155,7 @@ def team_usage_report(
     holds: list[tuple[float, float, float]] = []
     held_now = 0.0
     running: dict[int, Charge] = {}
-    for job_id, user_id, username, state, units, model, created, released in allocations:
+    for job_id, name, user_id, username, state, units, model, created, released in allocations:
         holds.append((units, created.timestamp(), (released or now).timestamp()))
         if released is not None:
             continue
@@ -155,6 +171,9 @@ def team_usage_report(
             # An attempt is charged from its first allocation (portal.jobs.attempts).
             held_from=min(created.timestamp(), before.held_from if before else float("inf")),
             held_until=now.timestamp(),
+            job_id=job_id,
+            job_name=name,
+            job_state=state,
         )
     for charge in running.values():
         counted_from = max(charge.held_from, period_start.timestamp())
@@ -164,6 +183,8 @@ def team_usage_report(
 
     # Per day: each charge spread over the days it covers.
     by_user: dict[int, list[float]] = defaultdict(lambda: [0.0] * len(days))
+    by_job: dict[int, list[Charge]] = defaultdict(list)
+    job_hours: dict[int, float] = defaultdict(float)
     usernames = {user_id: username for user_id, username, _ in [*period_rows, *memberships]}
     for charge in [*charges, *running.values()]:
         usernames.setdefault(charge.user_id, charge.username)
@@ -176,6 +197,8 @@ def team_usage_report(
         )
         for index, seconds in spread:
             by_user[charge.user_id][index] += charge.units * seconds / HOUR_S
+            job_hours[charge.job_id] += charge.units * seconds / HOUR_S
+        by_job[charge.job_id].append(charge)
     team_by_day = [sum(values[i] for values in by_user.values()) for i in range(len(days))]
     period_hours = sum(period_by_user.values())
 
@@ -210,6 +233,9 @@ def team_usage_report(
     ]
     others_period = period_hours - sum(period_by_user.get(u, 0.0) for u in shown)
 
+    shown_user = None if every_member else viewer.pk
+    jobs = _job_lines(by_job, job_hours, shown=shown_user, running=set(running))
+
     guarantee = team.guaranteed_units
     hour_from = held_from.timestamp()
     per_hour = held_per_bin(holds, first=hour_from, until=until, bin_s=HOUR_S, guarantee=guarantee)
@@ -240,7 +266,36 @@ def team_usage_report(
             )
             for index, hour in enumerate(per_hour)
         ),
+        jobs=jobs,
     )
+
+
+def _job_lines(
+    by_job: dict[int, list[Charge]],
+    hours: dict[int, float],
+    *,
+    shown: int | None,
+    running: set[int],
+) -> tuple[JobUsage, ...]:
+    """A line per job with hours on the report's days, of every user (``shown`` None) or of
+    the user ``shown``; the latest held first."""
+    lines = []
+    for job_id, held in by_job.items():
+        first = held[0]
+        if (shown is not None and first.user_id != shown) or not hours.get(job_id):
+            continue
+        lines.append(
+            JobUsage(
+                job_id=job_id,
+                name=first.job_name,
+                username=first.username,
+                state=first.job_state,
+                gpu_unit_hours=_round(hours[job_id]),
+                last_held_at=datetime.fromtimestamp(max(c.held_until for c in held), tz=UTC),
+                running=job_id in running,
+            )
+        )
+    return tuple(sorted(lines, key=lambda line: (line.last_held_at, line.job_id), reverse=True))
 
 
 def _allocations_overlapping(team: Team, *, start: datetime, end: datetime) -> list[Any]:
@@ -251,6 +306,7 @@ def _allocations_overlapping(team: Team, *, start: datetime, end: datetime) -> l
         .filter(Q(released_at__isnull=True) | Q(created_at__lt=end, released_at__gt=start))
         .values_list(
             "job_id",
+            "job__name",
             "job__user_id",
             "job__user__username",
             "job__state",

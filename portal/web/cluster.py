@@ -28,15 +28,20 @@ _ONE_HOUR = timedelta(hours=1)
 def cluster_view(request: HttpRequest) -> HttpResponse:
     """The whole cluster's totals and utilisation, and its nodes ``NODES_PER_PAGE`` at a time
     (``?page=``): a page of a thousand nodes would take seconds to draw and megabytes to send."""
-    capacity = cluster_capacity(user=request.user, now=timezone.now())
+    # Only this page's nodes are spelled out (the totals count every node); a page beyond the
+    # end (nodes went away while it was open) shows the last one.
+    capacity = cluster_capacity(
+        user=request.user,
+        now=timezone.now(),
+        page=page_number(request) or 1,
+        per_page=NODES_PER_PAGE,
+    )
     problem = page_problem(request)
-    paginator = Paginator(capacity["nodes"], NODES_PER_PAGE)
-    # A page beyond the end (nodes went away while it was open) shows the last one.
-    page = paginator.page(min(page_number(request) or 1, paginator.num_pages))
+    page = Paginator(range(capacity["nodes_total"]), NODES_PER_PAGE).page(capacity["nodes_page"])
     context = {
         "nav": "cluster",
         "capacity": capacity,
-        "nodes": page.object_list,
+        "nodes": capacity["nodes"],
         "page": page,
         "problem": f"Page: {problem}" if problem else "",
         "chart": utilisation_chart(capacity["utilisation"]["series"]),

@@ -15,6 +15,8 @@ from portal.tenants.models import Team
 from portal.web.charts import Level, Series, held_against_guarantee, stacked_bars, top_series
 
 UNIT_HOURS = "GPU-unit-hours"
+# The Usage page lists the latest jobs (the API all of them).
+PAGE_JOBS = 20
 
 
 def page_report(*, team: Team, viewer: Any) -> UsageReport:
@@ -44,6 +46,8 @@ def usage_context(report: UsageReport) -> dict[str, Any]:
         ),
         "over_budget": report.budget_left_hours is not None and report.budget_left_hours < 0,
         "over_by": -report.budget_left_hours if report.budget_left_hours else 0.0,
+        "jobs": report.jobs[:PAGE_JOBS],
+        "jobs_more": max(0, len(report.jobs) - PAGE_JOBS),
     }
 
 

@@ -1,8 +1,11 @@
 """The submit form's what-if in a real browser: a person picks a bigger GPU request and sees
-the scheduler's answer change beside it (htmx, no reload), then submits the job.
+the scheduler's answer change beside it (htmx, no reload), submits the job, and after it ran
+finds it, with the GPU-unit-hours it was charged, on the Usage page.
 
-Django's live server and rows written straight into the database: no agent needed. The
-browser set-up (Chromium, people, log-in, screenshots) is test_browser.py's.
+Django's live server and rows written straight into the database; the job runs through the
+real scheduling pass and the agent's own signed reports (started, finished), without an
+agent process. The browser set-up (Chromium, people, log-in, screenshots) is
+test_browser.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +18,13 @@ import pytest
 from django.utils import timezone
 from test_browser import PHONE, chromium, log_in, people, screenshot, sideways_overflow
 
+from portal.accounting.models import UsageRecord
+from portal.agents import testing as agent
 from portal.jobs.models import Job, JobState
 from portal.jobs.testing import allocate, make_job, make_node
 from portal.scheduling import whatif
+from portal.scheduling.service import run_schedule_pass
+from portal.web.templatetags.portal_web import unit_hours
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -88,6 +95,33 @@ def test_a_user_watches_the_what_if_change_with_a_bigger_request_then_submits(
     job = Job.objects.get(name="bigger-sweep")
     assert (job.state, job.gpu_count, job.gpu_model) == (JobState.PENDING, 2, A100)
     assert Job.objects.count() == 2
+
+    # bob's training ends, the next pass places the sweep on both GPUs, and the agent says
+    # it started and, later, that it succeeded: the reports an agent sends, signed.
+    node = "gpu-node-1"
+    assert agent.deliver(agent.finished(training.pk, 1, node=node)) == "finished"
+    with agent.capture_sent_messages():
+        assert run_schedule_pass().status == "ran"
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.ASSIGNED, 1), job.pending_message
+    assert agent.deliver(agent.started(job.pk, 1, node=node)) == "started"
+    page.wait_for_timeout(1000)  # it runs a moment
+    assert agent.deliver(agent.finished(job.pk, 1, node=node)) == "finished"
+    job.refresh_from_db()
+    assert job.state == JobState.SUCCEEDED
+
+    page.click("nav >> text=Usage")
+    page.wait_for_url(f"{base}/usage/")
+    row = page.locator(f"#usage-job-{job.pk}")
+    assert row.locator("td[data-label=Job]").inner_text() == f"{job.pk} bigger-sweep"
+    assert row.locator("td[data-label=State]").inner_text() == "SUCCEEDED"
+    # What its attempt was charged (2 GPUs for a few seconds), as the page rounds it.
+    charged = UsageRecord.objects.get(job=job, attempt=1)
+    assert charged.gpu_units == 2.0 and charged.unit_seconds > 0
+    shown = row.locator("td[data-label='Unit-hours']").inner_text()
+    assert shown == unit_hours(charged.unit_seconds / 3600) == "< 0.01", shown
+    assert row.locator("td[data-label='Last held']").inner_text().endswith(" UTC")
+    screenshot(page, "usage-after-run.png")
 
     phone = log_in(chromium, base, "alice", **PHONE)
     phone.goto(f"{base}/jobs/new/")

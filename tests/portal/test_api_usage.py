@@ -157,3 +157,17 @@ def test_a_read_token_may_read_usage_and_a_token_without_read_may_not(team_world
     assert refused.status_code == 403
     assert "lacks the 'read' scope" in refused.json()["errors"]["scope"]
     assert anonymous.get(URL, THREE_DAYS).status_code == 401
+
+
+def test_the_jobs_that_used_the_days_come_with_their_hours_for_whoever_may_see_them(team_world):
+    admin = get(team_world["vera"], THREE_DAYS).json()["jobs"]
+    member = get(team_world["alice"], THREE_DAYS).json()["jobs"]
+
+    assert [(j["username"], j["state"], j["gpu_unit_hours"], j["running"]) for j in admin] == [
+        ("vera", "RUNNING", 3.0, True),
+        ("alice", "RUNNING", 14.0, True),
+        ("alice", "SUCCEEDED", 0.0625, False),
+        ("alice", "SUCCEEDED", 6.0, False),
+    ]
+    assert admin[3]["last_held_at"] == "2024-05-09T01:00:00Z"
+    assert member == admin[1:]

@@ -287,6 +287,41 @@ def test_utilisation_per_hour_from_allocation_intervals(world):
     assert [h["end"] for h in utilisation["series"][-2:]] == [at(12), NOW]
 
 
+def test_holds_older_than_the_window_count_within_each_nodes_time_in_service(world):
+    """Now is 12:30; the window begins yesterday 13:00. Every hold began two days ago.
+
+    node-z (2 GPUs, registered three days ago): z-0 still held, z-1 released at 11:00 today.
+    node-x (1 GPU, registered at 09:00 today): x-0 still held, counted from 09:00.
+    node-y (1 GPU, registered three days ago, lost, last heartbeat 11:15): y-0 still held,
+    counted until 11:15.
+
+    Held: up to 08 h: z 2 + y 1 = 3; 09 h, 10 h: 4; 11 h: x 1 + z-0 1 + y 0.25 = 2.25;
+    12:00-12:30: (x + z-0) x 0.5 = 1. In service: 3; 4; 4; 3.25; 1.5.
+    """
+    for name, gpus in (("node-z", 2), ("node-x", 1), ("node-y", 1)):
+        make_node(name, gpus=[{"mode": "whole"}] * gpus)
+    Node.objects.filter(name="node-z").update(registered_at=at(0, day=7), last_heartbeat_at=NOW)
+    Node.objects.filter(name="node-x").update(registered_at=at(9), last_heartbeat_at=NOW)
+    Node.objects.filter(name="node-y").update(
+        registered_at=at(0, day=7), state=Node.State.LOST, last_heartbeat_at=at(11, 15)
+    )
+    job = make_job(team=world.vision, user=world.alice, state=JobState.RUNNING)
+    long_ago = at(12, day=8)
+    hold(job, "GPU-node-z-0", long_ago)
+    hold(job, "GPU-node-z-1", long_ago, at(11))
+    hold(job, "GPU-node-x-0", long_ago)
+    hold(job, "GPU-node-y-0", long_ago)
+
+    series = cluster_capacity(user=world.alice, now=NOW)["utilisation"]["series"]
+
+    expected = [(at(h, day=9), 3.0, 3.0) for h in range(13, 24)]
+    expected += [(at(h), 3.0, 3.0) for h in range(0, 9)]
+    expected += [(at(9), 4.0, 4.0), (at(10), 4.0, 4.0), (at(11), 2.25, 3.25), (at(12), 1.0, 1.5)]
+    got = [(h["start"], h["held_unit_hours"], h["in_service_unit_hours"]) for h in series]
+    assert got == expected
+    assert [h["ratio"] for h in series[-2:]] == [0.6923, 0.6667]
+
+
 def test_on_the_hour_the_last_hour_is_whole(world):
     make_node("node-x", gpus=[{"mode": "whole"}])
     Node.objects.filter(name="node-x").update(registered_at=at(0))
@@ -441,7 +476,7 @@ def test_the_selector_costs_a_fixed_number_of_queries(world, nodes):
     assert len(capacity["nodes"]) == nodes
     assert sum(n["slices_total"] for n in capacity["nodes"]) == nodes * 13
     assert capacity["units"]["held"] == pytest.approx(2.0 * nodes)
-    assert len(member_queries) == CAPACITY_QUERIES == 6
+    assert len(member_queries) == CAPACITY_QUERIES == 7
     assert len(admin_queries) == CAPACITY_QUERIES - 1
 
 

@@ -156,3 +156,33 @@ def test_the_report_costs_five_queries_however_many_jobs(team_world, django_asse
         allocate(job, ["GPU-node-a-3"], released=True)
     with django_assert_num_queries(5):
         report_for(team_world, "vera")
+
+
+def _job_lines(report: Any) -> list[tuple[str, str, float, bool, datetime]]:
+    return [
+        (job.username, job.state, job.gpu_unit_hours, job.running, job.last_held_at)
+        for job in report.jobs
+    ]
+
+
+def test_each_job_is_listed_with_its_hours_on_the_days_the_latest_first(team_world):
+    report = report_for(team_world, "vera")
+
+    # Running ones up to now first (the later job first), then by when their hold ended.
+    # vera's April job ended before the report's days and bob's is another team's.
+    assert _job_lines(report) == [
+        ("vera", "RUNNING", 3.0, True, NOW),  # an A100 since 03:00
+        ("alice", "RUNNING", 14.0, True, NOW),  # an H100 (2.0) since 9 May 23:00
+        ("alice", "SUCCEEDED", 0.0625, False, at(10, 1.75)),  # an MPS quarter, 15 minutes
+        ("alice", "SUCCEEDED", 6.0, False, at(9, 1)),  # an H100 for 3 hours
+    ]
+    assert report.jobs[0].job_id > report.jobs[1].job_id
+    # The same hours as the days: a job's line is its part of them.
+    assert sum(job.gpu_unit_hours for job in report.jobs) == report.range_hours
+
+
+def test_a_member_sees_only_their_own_jobs(team_world):
+    report = report_for(team_world, "alice")
+
+    assert [line[0] for line in _job_lines(report)] == ["alice", "alice", "alice"]
+    assert report.jobs[0].gpu_unit_hours == 14.0

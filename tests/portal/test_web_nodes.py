@@ -119,3 +119,36 @@ def test_an_unknown_node_is_a_404_and_get_is_not_allowed(world: World, node: Nod
 
     assert client.post(reverse("web:node_cordon", args=["nope"])).status_code == 404
     assert client.get(reverse("web:node_cordon", args=["node-1"])).status_code == 405
+
+
+def test_the_nodes_are_shown_50_to_a_page_and_an_action_comes_back_to_its_page(world: World):
+    for number in range(60):
+        make_node(f"node-{number:02d}", gpus=[{"mode": "whole"}])
+    client = client_for(world.admin)
+
+    first = client.get(reverse("web:node_list")).content.decode()
+    second = client.get(reverse("web:node_list"), {"page": "2"}).content.decode()
+
+    assert 'id="node-node-00"' in first and 'id="node-node-49"' in first
+    assert 'id="node-node-50"' not in first
+    assert "Nodes 1–50 of 60" in first and 'href="?page=2"' in first
+    assert 'id="node-node-50"' in second and 'id="node-node-59"' in second
+    assert 'id="node-node-00"' not in second
+    # A button on page 2 says which page it is on; the table comes back at that page.
+    assert '<input type="hidden" name="page" value="2">' in second
+    answer = client.post("/nodes/node-55/cordon/", {"page": "2"}, **HTMX).content.decode()
+    assert 'id="node-node-55"' in answer and 'id="node-node-00"' not in answer
+    plain = client.post("/nodes/node-56/cordon/", {"page": "2"})
+    assert plain.status_code == 302 and plain["Location"] == "/nodes/?page=2"
+    assert (
+        Node.objects.filter(name__in=["node-55", "node-56"], state=Node.State.DRAINED).count() == 2
+    )
+
+
+def test_a_page_that_is_no_number_is_a_400_that_says_what_is_allowed(world: World, node: Node):
+    response = client_for(world.admin).get(reverse("web:node_list"), {"page": "two"})
+
+    assert response.status_code == 400
+    assert "Page: &#x27;two&#x27; is not a page number; allowed: a whole number from 1" in (
+        response.content.decode()
+    )

@@ -170,3 +170,43 @@ def test_a_chart_axis_steps_in_round_numbers_and_many_members_fold_into_one_seri
     # The seven largest keep their names (in their order); the three smallest add up.
     assert [s.name for s in drawn] == [f"user{n}" for n in range(3, 10)] + ["everyone else"]
     assert list(drawn[-1].values) == [0.0 + 1.0 + 2.0, 3.0]
+
+
+def test_the_jobs_table_lists_each_job_with_its_hours_and_a_member_only_their_own(team_world):
+    from portal.jobs.models import Job
+
+    a, b, c, d, e = Job.objects.filter(team=team_world["vision"]).order_by("pk")
+    admin = page(team_world["vera"], "/usage/?team=vision").content.decode()
+    member = page(team_world["alice"], "/usage/").content.decode()
+
+    assert section(admin, f"usage-job-{e.pk}") == f"{e.pk} job vera RUNNING 3 now (running)"
+    assert section(admin, f"usage-job-{b.pk}") == f"{b.pk} job alice RUNNING 14 now (running)"
+    assert (
+        section(admin, f"usage-job-{c.pk}")
+        == f"{c.pk} job alice SUCCEEDED 0.06 Fri 10 May 01:45 UTC"
+    )
+    assert (
+        section(admin, f"usage-job-{a.pk}") == f"{a.pk} job alice SUCCEEDED 6 Thu 9 May 01:00 UTC"
+    )
+    # vera's hold across the night into May is within the page's 30 days.
+    assert section(admin, f"usage-job-{d.pk}") == f"{d.pk} job vera SUCCEEDED 2 Wed 1 May 01:00 UTC"
+    assert (
+        admin.index(f"usage-job-{e.pk}")
+        < admin.index(f"usage-job-{b.pk}")
+        < admin.index(f"usage-job-{c.pk}")
+    )
+    assert f'href="/jobs/{b.pk}/"' in member and f"usage-job-{e.pk}" not in member
+    assert section(member, f"usage-job-{b.pk}") == f"{b.pk} job RUNNING 14 now (running)"
+    assert f"usage-job-{d.pk}" not in member
+
+
+def test_a_charge_too_small_for_two_decimals_is_not_written_as_nothing():
+    from portal.web.templatetags.portal_web import unit_hours
+
+    assert [unit_hours(v) for v in (0.0, 0.0008, 0.005, 2.345, None)] == [
+        "0",
+        "< 0.01",
+        "0.01",
+        "2.35",
+        "—",
+    ]

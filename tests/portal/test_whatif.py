@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from portal.jobs import cluster_fit
 from portal.jobs.models import Job, JobState
 from portal.jobs.services import job_submit
 from portal.jobs.testing import allocate, make_job, make_node, make_team, make_user
@@ -473,6 +474,20 @@ def test_the_fragment_shows_the_numbers_before_the_name_and_command_are_typed(wo
     assert _text(html, "whatif-borrow").startswith("yes, 1 unit above the guarantee: preemptible")
     assert _text(html, "whatif-start") == "now, first in the queue: on node-a (GPU-node-a-1)"
     assert _text(html, "whatif-preempts") == "nothing"
+
+
+def test_the_fragment_checks_the_request_against_the_cluster_once(world, monkeypatch):
+    loads = []
+    real = cluster_fit.load_cluster_shape
+    monkeypatch.setattr(cluster_fit, "load_cluster_shape", lambda: loads.append(1) or real())
+
+    empty = _fragment(world["alice"], gpu_count="1")  # no name, no command yet
+    bad_name = _fragment(world["alice"], gpu_count="1", name="x" * 300, command="python t.py")
+
+    assert "whatif-start" in empty and "whatif-start" in bad_name
+    # Once for the empty form; twice only for a typed part that is wrong (checked again
+    # with its stand-in).
+    assert len(loads) == 3
 
 
 def test_the_fragment_shows_a_bigger_request_waiting_with_its_reason(world):

@@ -33,6 +33,15 @@ def units(value: Any) -> str:
 
 
 @register.filter
+def unit_hours(value: Any) -> str:
+    """GPU-unit-hours as ``units`` writes them, but a charge too small to show in two
+    decimals (a job of a few seconds) reads ``< 0.01``, not ``0``."""
+    if value is not None and value != "" and 0 < float(value) < 0.005:
+        return "< 0.01"
+    return units(value)
+
+
+@register.filter
 def node_badge(status: str) -> str:
     """The badge class of a node's status: ``state-SUCCEEDED`` for ``ready``."""
     return NODE_BADGES.get(status, "")
