@@ -81,6 +81,10 @@ class PortalStack:
         schedule_interval_s: float = 0.5,
         agent_env: Mapping[str, str] | None = None,
         stop_timeout_s: float = 10.0,
+        agent: bool = True,
+        web_workers: int | None = 1,
+        worker_concurrency: int = 2,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:8]
         self.node = f"e2e-{self.run_id}"
@@ -92,6 +96,10 @@ class PortalStack:
         self.web = web
         self.schedule_interval_s = schedule_interval_s
         self.agent_env = dict(agent_env or {})
+        self.agent = agent
+        self.web_workers = web_workers
+        self.worker_concurrency = worker_concurrency
+        self.extra_env = dict(env or {})
         self.url: str | None = None
         self.broker_url = ""
         self.log_path = self.tmp_path / "stack.log"
@@ -130,35 +138,49 @@ class PortalStack:
                 # The test process makes node keys; the children must derive the same ones.
                 "PORTAL_SECRET_KEY": settings.SECRET_KEY,
                 "PORTAL_NODE_KEY_SECRET": settings.NODE_KEY_SECRET,
+                **self.extra_env,
             },
         )
         self._restore_celery = _point_celery_at(self.broker_url)
 
         supervisor.start(
-            processes.control_worker_spec(instance=self.run_id, concurrency=2, env=env)
+            processes.control_worker_spec(
+                instance=self.run_id, concurrency=self.worker_concurrency, env=env
+            )
         )
         supervisor.start(
             processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
         )
-        supervisor.start(
-            processes.agent_spec(
-                node=self.node,
-                workdir=self.var_dir / "agent",
-                broker_url=self.broker_url,
-                env={**env, **self.agent_env},
-                key=node_key_text(name=self.node),
+        if self.agent:
+            supervisor.start(
+                processes.agent_spec(
+                    node=self.node,
+                    workdir=self.var_dir / "agent",
+                    broker_url=self.broker_url,
+                    env={**env, **self.agent_env},
+                    key=node_key_text(name=self.node),
+                )
             )
-        )
         if self.web:
             port = processes.free_port()
-            supervisor.start(processes.web_spec(host="127.0.0.1", port=port, threads=4, env=env))
+            supervisor.start(
+                processes.web_spec(
+                    host="127.0.0.1",
+                    port=port,
+                    workers=self.web_workers,
+                    threads=4,
+                    env=env,
+                    metrics_dir=processes.web_metrics_dir(self.var_dir),
+                )
+            )
             self.url = processes.url_for("127.0.0.1", port)
             self.wait_for(
                 lambda: processes.http_answers("127.0.0.1", port), START_TIMEOUT_S, "web server"
             )
         # The agent's first heartbeat, handled by the control-plane worker, registers the node:
         # broker, worker and agent all work once it is in the database.
-        self.wait_for(self._node_registered, START_TIMEOUT_S, f"node {self.node} registered")
+        if self.agent:
+            self.wait_for(self._node_registered, START_TIMEOUT_S, f"node {self.node} registered")
 
     def _start_broker(self, supervisor: Supervisor, base: Mapping[str, str]) -> str:
         redis_url = base.get("REDIS_URL", "").strip()
