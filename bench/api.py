@@ -123,6 +123,7 @@ def run(
         "cpus": os.cpu_count(),
         "web_workers": web_workers or processes.web_workers_for_cores(),
         "web_threads": 4,
+        "control_worker_threads": processes.control_worker_threads(sqlite=False),
         "wrk": {"duration_s": duration_s, "connections": connections, "threads": threads},
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
@@ -139,6 +140,7 @@ def run(
             web=True,
             agent=False,
             web_workers=web_workers,  # None: sized from the cores, as runportal does
+            worker_concurrency=processes.control_worker_threads(sqlite=False),
             schedule_interval_s=settings.SCHEDULE_INTERVAL_S,
             # The fake agents send no heartbeats after registering: no lease may run out here.
             env={"PORTAL_AGENT_LEASE_S": "3600"},

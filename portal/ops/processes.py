@@ -130,14 +130,23 @@ def _gunicorn_version_flags() -> list[str]:
     return ["--no-control-socket"] if hasattr(config, "ControlSocketDisable") else []
 
 
+def control_worker_threads(*, sqlite: bool, cores: int | None = None) -> int:
+    """The control worker's threads: 2 on SQLite (one writer at a time anyway); otherwise 4
+    per core (at least 4, at most 16), since a report's handling spends most of its time
+    waiting on the database, and more reports in flight keep up with more agents."""
+    if sqlite:
+        return 2
+    return min(16, max(4, 4 * (cores if cores is not None else (os.cpu_count() or 1))))
+
+
 def control_worker_spec(
     *, instance: str, concurrency: int, env: Mapping[str, str], loglevel: str = "INFO"
 ) -> ChildSpec:
     """The control-plane worker: scheduling passes and agent reports (queue `control`), and
     heartbeats (the agents' leases) on their own queue: see workers.protocol.LEASE_QUEUE.
 
-    A thread pool with low concurrency: it works with SQLite (one writer at a time anyway)
-    and starts in a second, with no forked children to clean up.
+    A thread pool (``control_worker_threads`` says how many): it works with SQLite and starts
+    in a second, with no forked children to clean up.
     """
     argv = _worker_argv(
         queues="control.lease,control",

@@ -161,7 +161,12 @@ class Command(BaseCommand):
         # warnings by default; the portal's own log lines (job submitted, ...) still show.
         supervisor.start(
             processes.control_worker_spec(
-                instance="local", concurrency=2, env=env, loglevel=celery_loglevel
+                instance="local",
+                concurrency=processes.control_worker_threads(
+                    sqlite=connections["default"].vendor == "sqlite"
+                ),
+                env=env,
+                loglevel=celery_loglevel,
             )
         )
         supervisor.start(
