@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench bench-pages clean distclean install chromium dockerd iproute2
+.PHONY: help run test lint format bench bench-pages bench-api clean distclean install chromium dockerd iproute2 wrk
 .PHONY: chaos chaos-short chaos-recovery test-deep
 
 help:
@@ -25,6 +25,7 @@ help:
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - run the benchmarks into bench/results.json"
 	@echo "make bench-pages - each page's render time and queries on 1,000 nodes and 10,000+ jobs (~10 min)"
+	@echo "make bench-api - the API's req/s and p50/p99 (wrk) and admissions/s, on PostgreSQL + Redis"
 	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20;"
 	@echo "              chaos-recovery: agent faults only, the recovery-time figures (12 min)"
 	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
@@ -86,6 +87,13 @@ bench: $(INSTALLED)
 # Not part of `make bench`: building its world (1,000 nodes, 23,000 jobs) takes minutes.
 bench-pages: $(INSTALLED)
 	$(PY) -m bench.pages --json bench/pages.json $(ARGS)
+
+wrk:
+	@bash scripts/ensure-wrk.sh
+
+# Needs DATABASE_URL (PostgreSQL) and REDIS_URL; writes the "api" key of bench/results.json.
+bench-api: $(INSTALLED) wrk
+	$(PY) -m bench.api $(ARGS)
 
 # The chaos harness (tests/chaos): a private PostgreSQL and Redis, the whole portal, seeded
 # faults, then checks against what really ran. Needs root. `make chaos SEED=3 ARGS="--agents 4"`.

@@ -43,7 +43,7 @@ def run(repeats: int = 5) -> dict[str, Any]:
 
     from bench.core_pass import build_snapshot
 
-    with _scratch_database() as vendor:
+    with scratch_database() as vendor:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0, interactive=False)
@@ -58,14 +58,17 @@ def run(repeats: int = 5) -> dict[str, Any]:
 
 
 @contextmanager
-def _scratch_database() -> Iterator[str]:
+def scratch_database(suffix: str = SCRATCH_SUFFIX) -> Iterator[str]:
+    """Point Django's connection at a fresh database next to the configured one (PostgreSQL:
+    `<name><suffix>`; SQLite: a temporary file) for the block, and drop it afterwards; yields
+    the vendor. No other database is touched."""
     from django.db import connection
 
     settings_dict = connection.settings_dict
     original = settings_dict["NAME"]
     vendor = connection.vendor
     if vendor == "postgresql":
-        scratch = f"{original}{SCRATCH_SUFFIX}"
+        scratch = f"{original}{suffix}"
         _postgres_admin(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')
         _postgres_admin(f'CREATE DATABASE "{scratch}"')
         cleanup = lambda: _postgres_admin(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # noqa: E731

@@ -39,9 +39,9 @@ def run(repeats: int = 10) -> dict[str, Any]:
     from django.core.management import call_command
 
     from bench.core_pass import build_snapshot
-    from bench.db_pass import _populate, _scratch_database
+    from bench.db_pass import _populate, scratch_database
 
-    with _scratch_database() as vendor:
+    with scratch_database() as vendor:
         call_command("migrate", verbosity=0, interactive=False)
         now = datetime.now(tz=UTC).replace(microsecond=0)
         sizes = _populate(now, build_snapshot(nodes=NODES, pending=PENDING))

@@ -292,10 +292,9 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_PAGINATION_CLASS": "portal.api.guards.PortalPagination",
+    "DEFAULT_PAGINATION_CLASS": "portal.api.guards.NewestFirstPagination",
     "DEFAULT_THROTTLE_CLASSES": [
-        "portal.api.throttles.UserThrottle",
-        "portal.api.throttles.TokenThrottle",
+        "portal.api.throttles.ApiThrottle",
     ],
     "PAGE_SIZE": 50,
 }

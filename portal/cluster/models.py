@@ -118,3 +118,14 @@ class Slice(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class InventoryVersion(models.Model):
+    """One row: a new random ``token`` each time the inventory (nodes' GPUs and slices)
+    changes, so a process may keep what it derived from the inventory (the cluster's shape a
+    submit is checked against) for as long as the token stays the same."""
+
+    token = models.CharField(max_length=32)
+
+    def __str__(self) -> str:
+        return f"inventory {self.token}"

@@ -2,7 +2,8 @@
 
 Rows are never deleted (allocations and history point at them): a GPU or slice that vanished
 is marked ``present=False`` and comes back under the same key. What a slice is worth in GPU
-units is decided here, once, from its kind and MIG profile.
+units is decided here, once, from its kind and MIG profile. Every change gets a new
+``InventoryVersion`` token, so what is derived from the inventory can be kept until then.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from uuid import uuid4
 
-from portal.cluster.models import Gpu, Node, Slice
+from portal.cluster.models import Gpu, InventoryVersion, Node, Slice
 from scheduler.model import MIG_COMPUTE_SLICES_PER_GPU, SliceKind
 from scheduler.units import mig_units, mps_units
 from workers.protocol import Gpu as InventoryGpu
@@ -103,8 +105,27 @@ class InventoryChange:
         return self.changed
 
 
+def inventory_changed() -> None:
+    """Say that GPUs or slices were added, changed or removed (``InventoryVersion``): call it
+    in the transaction that changes them."""
+    InventoryVersion.objects.update_or_create(pk=1, defaults={"token": uuid4().hex})
+
+
+def inventory_version() -> str | None:
+    """The token of the inventory as it is now (None until it first changed)."""
+    return InventoryVersion.objects.filter(pk=1).values_list("token", flat=True).first()
+
+
 def sync_inventory(node: Node, gpus: tuple[InventoryGpu, ...]) -> InventoryChange:
-    """Make the node's Gpu and Slice rows match the inventory; says what changed."""
+    """Make the node's Gpu and Slice rows match the inventory; says what changed (and bumps
+    the inventory's version when anything did)."""
+    change = _sync_gpus(node, gpus)
+    if change:
+        inventory_changed()
+    return change
+
+
+def _sync_gpus(node: Node, gpus: tuple[InventoryGpu, ...]) -> InventoryChange:
     change = InventoryChange()
     by_uuid = {g.uuid: g for g in gpus}
     rows = {

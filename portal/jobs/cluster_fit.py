@@ -20,12 +20,14 @@ until GPUs arrive.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from portal.cluster.core import core_slice
 from portal.cluster.models import Slice
+from portal.cluster.services import inventory_version
 from scheduler.cluster import ClusterShape, build_shape
 from scheduler.model import GpuRequest, SliceKind
 from scheduler.model import Node as CoreNode
@@ -46,11 +48,48 @@ _KIND_PLURAL = {
 _LISTED_SIZES = 5  # per-node sizes named in a message before "..."
 
 
+# A process keeps the shape it built while the inventory's token stays the same, and this
+# long at most (the safety net for a change made beside portal.cluster.services: the admin).
+SHAPE_KEPT_S = 30.0
+
+
+@dataclass(frozen=True)
+class _KeptShape:
+    token: str
+    built_at: float  # time.monotonic()
+    shape: ClusterShape | None
+
+
+_kept: _KeptShape | None = None
+
+
 def load_cluster_shape() -> ClusterShape | None:
     """The core's view of every registered node's present slices; None when there are none.
 
-    One query. Node states are ignored on purpose (see the module's docstring).
+    Built from one query over every slice, and kept by the process until the inventory
+    changes (``portal.cluster.services.inventory_version``, one small query a call):
+    building it is what a submit cost most on a large cluster, and it changes only when a
+    node's GPUs do. Node states are ignored on purpose (see the module's docstring).
     """
+    global _kept
+    token = inventory_version()
+    kept = _kept
+    if (
+        kept is not None
+        and token is not None
+        and kept.token == token
+        and time.monotonic() - kept.built_at < SHAPE_KEPT_S
+    ):
+        return kept.shape
+    built_at = time.monotonic()
+    shape = _build_cluster_shape()
+    # Kept under the token read before the rows: a change committed in between makes the
+    # next call see a newer token and build again.
+    _kept = None if token is None else _KeptShape(token=token, built_at=built_at, shape=shape)
+    return shape
+
+
+def _build_cluster_shape() -> ClusterShape | None:
     rows = (
         Slice.objects.filter(present=True, gpu__present=True)
         .order_by("gpu__node__name", "gpu__index", "key")

@@ -123,6 +123,10 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state"]),
             models.Index(fields=["team", "state"]),
+            # The job list, newest first (the API's cursor pages, the Jobs page): a page reads
+            # its rows off one of these instead of sorting every job the user may see.
+            models.Index(fields=["-submitted_at", "-id"], name="jobs_job_newest_idx"),
+            models.Index(fields=["team", "-submitted_at", "-id"], name="jobs_job_team_newest_idx"),
         ]
 
     def __str__(self) -> str:

@@ -17,6 +17,7 @@ from django.contrib.auth.hashers import make_password
 from django.utils import timezone
 
 from portal.cluster.models import Gpu, Node, Slice
+from portal.cluster.services import inventory_changed
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.tenants.models import Membership, Team
 from portal.tenants.tokens import token_issue
@@ -124,6 +125,7 @@ def make_node(name: str = "node-1", *, gpus: Sequence[dict[str, Any]] = ()) -> N
                 Slice.objects.create(
                     gpu=gpu, key=f"{uuid}/mps/{number}", kind="mps", units=1.0 / shares
                 )
+    inventory_changed()
     return node
 
 

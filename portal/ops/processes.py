@@ -58,7 +58,46 @@ def broker_spec(*, socket_path: Path, env: Mapping[str, str]) -> ChildSpec:
     return ChildSpec(name="broker", argv=argv, env=env, stop_last=True)
 
 
-def web_spec(*, host: str, port: int, threads: int, env: Mapping[str, str]) -> ChildSpec:
+def web_workers_for_cores(cores: int | None = None) -> int:
+    """Gunicorn's own rule for its worker processes: two per core, plus one.
+
+    Each worker runs its requests on a few threads (gthread), so one waiting on the database
+    does not hold the others back; the processes are what uses the cores, since Python runs
+    one thread of a process at a time.
+    """
+    return 2 * max(1, cores if cores is not None else (os.cpu_count() or 1)) + 1
+
+
+def web_metrics_dir(var_dir: Path) -> Path:
+    """An empty directory for the web workers' shared request metrics (prometheus_client's
+    multiprocess mode, ``PROMETHEUS_MULTIPROC_DIR``): /metrics then adds up every worker's
+    requests, not only those of the worker that answers the scrape. Emptied on each start:
+    the files of an earlier run's workers would be counted again."""
+    directory = var_dir / "web-metrics"
+    if directory.exists():
+        for stale in directory.glob("*.db"):
+            stale.unlink(missing_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def web_spec(
+    *,
+    host: str,
+    port: int,
+    threads: int,
+    env: Mapping[str, str],
+    workers: int | None = None,
+    metrics_dir: Path | None = None,
+) -> ChildSpec:
+    """Gunicorn with ``workers`` processes (default: ``web_workers_for_cores()``) of ``threads``
+    threads each. More than one worker needs ``metrics_dir`` (``web_metrics_dir``) so that
+    /metrics counts every worker's requests."""
+    workers = web_workers_for_cores() if workers is None else workers
+    if workers > 1 and metrics_dir is None:
+        raise ValueError("web_spec: several workers need a metrics_dir (web_metrics_dir)")
+    if metrics_dir is not None:
+        env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
     argv = [
         sys.executable,
         "-m",
@@ -67,7 +106,7 @@ def web_spec(*, host: str, port: int, threads: int, env: Mapping[str, str]) -> C
         "--bind",
         f"{_bind_host(host)}:{port}",
         "--workers",
-        "1",
+        str(workers),
         "--worker-class",
         "gthread",
         "--threads",
@@ -91,14 +130,23 @@ def _gunicorn_version_flags() -> list[str]:
     return ["--no-control-socket"] if hasattr(config, "ControlSocketDisable") else []
 
 
+def control_worker_threads(*, sqlite: bool, cores: int | None = None) -> int:
+    """The control worker's threads: 2 on SQLite (one writer at a time anyway); otherwise 4
+    per core (at least 4, at most 16), since a report's handling spends most of its time
+    waiting on the database, and more reports in flight keep up with more agents."""
+    if sqlite:
+        return 2
+    return min(16, max(4, 4 * (cores if cores is not None else (os.cpu_count() or 1))))
+
+
 def control_worker_spec(
     *, instance: str, concurrency: int, env: Mapping[str, str], loglevel: str = "INFO"
 ) -> ChildSpec:
     """The control-plane worker: scheduling passes and agent reports (queue `control`), and
     heartbeats (the agents' leases) on their own queue: see workers.protocol.LEASE_QUEUE.
 
-    A thread pool with low concurrency: it works with SQLite (one writer at a time anyway)
-    and starts in a second, with no forked children to clean up.
+    A thread pool (``control_worker_threads`` says how many): it works with SQLite and starts
+    in a second, with no forked children to clean up.
     """
     argv = _worker_argv(
         queues="control.lease,control",

@@ -3,13 +3,16 @@
 One row per (scope, key): the start of its current window and the hits in it. A hit is one
 statement (INSERT ... ON CONFLICT DO UPDATE ... RETURNING, on PostgreSQL and SQLite alike):
 it counts in the current window, or starts a new one when the window has expired, so two
-processes counting the same key at once never lose a hit and a request pays one query.
+processes counting the same key at once never lose a hit and a request pays one query, for
+all the counters it counts in (``counter_hits``: the API's per-user and per-token limits).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connection
 from django.utils.dateparse import parse_datetime
@@ -30,27 +33,52 @@ class Window:
 
 def counter_hit(*, scope: str, key: str, now: datetime, window_s: float) -> Window:
     """Count one hit for `key` in `scope` and return its window after the hit."""
+    return counter_hits([Hit(scope=scope, key=key, window_s=window_s)], now=now)[0]
+
+
+@dataclass(frozen=True)
+class Hit:
+    scope: str
+    key: str
+    window_s: float
+
+
+def counter_hits(hits: Sequence[Hit], *, now: datetime) -> list[Window]:
+    """Count one hit for each of ``hits`` (each of its own scope) in one statement, and
+    return their windows after the hits, in the order of ``hits``."""
+    scopes = [hit.scope for hit in hits]
+    if len(set(scopes)) != len(scopes):
+        raise ValueError(f"counter_hits: one hit per scope; got {scopes}")
     quote = connection.ops.quote_name
     table = quote(AccessCounter._meta.db_table)
     scope_, key_, started_, count_, locked_ = (
         quote(name) for name in ("scope", "key", "window_started_at", "count", "locked_until")
     )
     start = connection.ops.adapt_datetimefield_value(now)
-    expired = connection.ops.adapt_datetimefield_value(now - timedelta(seconds=window_s))
+    # A row's window is current when it started after its own scope's expiry time.
+    current = " OR ".join(f"({table}.{scope_} = %s AND {table}.{started_} > %s)" for _ in hits)
+    expiries: list[Any] = []
+    for hit in hits:
+        expired = now - timedelta(seconds=hit.window_s)
+        expiries += [hit.scope, connection.ops.adapt_datetimefield_value(expired)]
+    values = ", ".join("(%s, %s, %s, 1, NULL)" for _ in hits)
     sql = f"""
         INSERT INTO {table} ({scope_}, {key_}, {started_}, {count_}, {locked_})
-        VALUES (%s, %s, %s, 1, NULL)
+        VALUES {values}
         ON CONFLICT ({scope_}, {key_}) DO UPDATE SET
-            {count_} = CASE WHEN {table}.{started_} > %s
-                            THEN {table}.{count_} + 1 ELSE 1 END,
-            {started_} = CASE WHEN {table}.{started_} > %s
+            {count_} = CASE WHEN {current} THEN {table}.{count_} + 1 ELSE 1 END,
+            {started_} = CASE WHEN {current}
                               THEN {table}.{started_} ELSE excluded.{started_} END
-        RETURNING {count_}, {started_}, {locked_}
+        RETURNING {scope_}, {count_}, {started_}, {locked_}
     """  # noqa: S608 - the table name is ours; every value is a parameter
+    params: list[Any] = [value for hit in hits for value in (hit.scope, hit.key, start)]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [scope, key, start, expired, expired])
-        count, started_at, locked_until = cursor.fetchone()
-    return Window(int(count), _as_datetime(started_at), _as_datetime_or_none(locked_until))
+        cursor.execute(sql, [*params, *expiries, *expiries])
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    return [
+        Window(int(count), _as_datetime(started_at), _as_datetime_or_none(locked_until))
+        for count, started_at, locked_until in (rows[hit.scope] for hit in hits)
+    ]
 
 
 def counter_get(*, scope: str, key: str) -> Window | None:

@@ -104,7 +104,13 @@ def control_plane_specs(config: StackConfig) -> list[ChildSpec]:
         processes.control_worker_spec(instance="chaos", concurrency=2, env=env),
         processes.lease_worker_spec(instance="chaos", env=env),
         processes.beat_spec(schedule_file=config.var_dir / "celerybeat-schedule", env=env),
-        processes.web_spec(host="127.0.0.1", port=config.web_port, threads=4, env=env),
+        processes.web_spec(
+            host="127.0.0.1",
+            port=config.web_port,
+            threads=4,
+            env=env,
+            metrics_dir=processes.web_metrics_dir(config.var_dir),
+        ),
     ]
 
 

@@ -35,6 +35,7 @@ EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL", "PORTAL_BROKER_URL", "PORTAL_AGENT
         ({"port": 0}, "--port: must be between 1 and 65535; got 0"),
         ({"agents": 40}, "--agents: must be between 1 and 16; got 40"),
         ({"threads": 1}, "--threads: must be between 2 and 16; got 1"),
+        ({"workers": 0}, "--workers: must be between 1 and 64; got 0"),
     ],
 )
 def test_it_refuses_bad_options_naming_the_option(options: dict[str, int], message: str) -> None:

@@ -500,3 +500,25 @@ def test_every_documented_example_request_is_accepted_by_the_demo_inventory():
     assert checked == {"README.md": 4, "docs/api.md": 5, "docs/pages.md": 0, "docs/client.md": 3}
     # The README's and the what-if example's short name, stored as the agent names it.
     assert models == [DEFAULT_MODEL, DEFAULT_MODEL]
+
+
+# --- the shape kept between submits -------------------------------------------------------------
+
+
+def test_a_node_that_grew_counts_at_the_next_submit_and_an_unchanged_one_is_not_read_again(
+    world, django_assert_num_queries
+):
+    node = Node.objects.create(name="node-g", hostname="node-g", driver="described")
+    two = {"gpus": [{"mode": "whole", "count": 2, "model": A100}]}
+    sync_inventory(node, described_inventory("node-g", two).gpus)
+    assert api_post(world, {"kind": "whole", "count": 4}).status_code == 400
+
+    eight = {"gpus": [{"mode": "whole", "count": 8, "model": A100}]}
+    sync_inventory(node, described_inventory("node-g", eight).gpus)
+    assert api_post(world, {"kind": "whole", "count": 4}).status_code == 201
+
+    # The agent's next heartbeats change nothing: the next check reads no slice.
+    assert not sync_inventory(node, described_inventory("node-g", eight).gpus)
+    request = {**BODY, "gpu": {"kind": "whole", "count": 8}}
+    with django_assert_num_queries(3):  # the member's teams, the inventory's token, their limit
+        validate_job_request(request, user=world.alice)

@@ -176,13 +176,14 @@ class PortalClient:
         found: dict[int, dict[str, Any]] = {}
         while True:
             page = self._call("GET", "/jobs/", query=query)
-            # A job submitted meanwhile shifts the pages by one; keep each job once.
+            # Pages are walked by cursor (the next link), so none repeats a job; kept once
+            # by id all the same.
             for data in page["results"]:
                 found.setdefault(data["id"], data)
             if not page.get("next") or (limit is not None and len(found) >= limit):
                 break
-            # Only the next link's limit and offset: behind a proxy the absolute link the
-            # server builds may name a host this client cannot reach.
+            # Only the next link's query (the filters, limit and cursor): behind a proxy the
+            # absolute link the server builds may name a host this client cannot reach.
             query = dict(parse_qsl(urlsplit(page["next"]).query))
         jobs = [Job(self, data) for data in found.values()]
         return jobs if limit is None else jobs[:limit]

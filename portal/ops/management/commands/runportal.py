@@ -50,12 +50,25 @@ class Command(BaseCommand):
         parser.add_argument(
             "--agents", type=int, default=1, help="how many local agents (nodes local-1..N)"
         )
-        parser.add_argument("--threads", type=int, default=4, help="web server threads (2 to 16)")
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=processes.web_workers_for_cores(),
+            help="web server processes (1 to 64; default: 2 per core + 1, here %(default)s)",
+        )
+        parser.add_argument(
+            "--threads", type=int, default=4, help="web server threads per process (2 to 16)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         host: str = options["host"]
         port: int = options["port"]
-        _check_options(port=port, agents=options["agents"], threads=options["threads"])
+        _check_options(
+            port=port,
+            agents=options["agents"],
+            workers=options["workers"],
+            threads=options["threads"],
+        )
         agents = 0 if options["no_agent"] else options["agents"]
         policy = restart_policy_from_env()
         _check_migrated()
@@ -73,6 +86,7 @@ class Command(BaseCommand):
                 host=host,
                 port=port,
                 agents=agents,
+                workers=options["workers"],
                 threads=options["threads"],
                 # `-v 2` shows Celery's line for every task (each pass, each heartbeat).
                 celery_loglevel="INFO" if options["verbosity"] >= 2 else "WARNING",
@@ -121,6 +135,7 @@ class Command(BaseCommand):
         host: str,
         port: int,
         agents: int,
+        workers: int,
         threads: int,
         celery_loglevel: str,
     ) -> None:
@@ -146,7 +161,12 @@ class Command(BaseCommand):
         # warnings by default; the portal's own log lines (job submitted, ...) still show.
         supervisor.start(
             processes.control_worker_spec(
-                instance="local", concurrency=2, env=env, loglevel=celery_loglevel
+                instance="local",
+                concurrency=processes.control_worker_threads(
+                    sqlite=connections["default"].vendor == "sqlite"
+                ),
+                env=env,
+                loglevel=celery_loglevel,
             )
         )
         supervisor.start(
@@ -168,7 +188,16 @@ class Command(BaseCommand):
                     name="agent" if agents == 1 else f"agent-{index}",
                 )
             )
-        supervisor.start(processes.web_spec(host=host, port=port, threads=threads, env=env))
+        supervisor.start(
+            processes.web_spec(
+                host=host,
+                port=port,
+                workers=workers,
+                threads=threads,
+                env=env,
+                metrics_dir=processes.web_metrics_dir(var_dir),
+            )
+        )
 
 
 def restart_policy_from_env() -> RestartPolicy:
@@ -185,13 +214,15 @@ def restart_policy_from_env() -> RestartPolicy:
         raise CommandError(str(error)) from None
 
 
-def _check_options(*, port: int, agents: int, threads: int) -> None:
+def _check_options(*, port: int, agents: int, workers: int, threads: int) -> None:
     if not 1 <= port <= 65535:
         raise CommandError(f"--port: must be between 1 and 65535; got {port}")
     if not 1 <= agents <= 16:
         raise CommandError(
             f"--agents: must be between 1 and 16; got {agents} (--no-agent starts none)"
         )
+    if not 1 <= workers <= 64:
+        raise CommandError(f"--workers: must be between 1 and 64; got {workers}")
     if not 2 <= threads <= 16:
         raise CommandError(f"--threads: must be between 2 and 16; got {threads}")
 
