@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin
 
-from portal.cluster.models import Gpu, Node, NodeEvent, Slice
+from portal.cluster.models import Gpu, InventoryVersion, Node, NodeEvent, Slice
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -90,3 +90,11 @@ class NodeEventAdmin(ReadOnlyAdmin):
     list_filter = ["kind", "node"]
     search_fields = ["node__name", "by", "message"]
     list_select_related = ["node"]
+
+
+@admin.register(InventoryVersion)
+class InventoryVersionAdmin(ReadOnlyAdmin):
+    """The token a process keeps derived inventory facts under (the cluster's shape): for
+    looking only; every inventory change writes a new one."""
+
+    list_display = ["token"]
