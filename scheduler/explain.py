@@ -23,7 +23,7 @@ from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Estimator, Reservation, Timeline
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import Cache, SchedulerConfig
-from scheduler.memo import PassMemo, Releases
+from scheduler.memo import PassMemo, Releases, Verdict
 from scheduler.model import Job, Pending, PendingCode, Reason, SliceKind
 from scheduler.order import Candidate, FairShare, leading_teams
 from scheduler.quota import EPS, Blocked, Held, Numbers
@@ -43,6 +43,7 @@ class Left:
     candidate: Candidate | None = None  # None: parked in step 2, never considered
     eta: float | None = None
     eta_known: bool = False
+    verdict: Verdict | None = None  # the remembered verdict it took or left (Cache.VERDICTS)
 
 
 # --- why a job fits nowhere (step 4) ---------------------------------------------------------
@@ -154,7 +155,15 @@ class Explainer:
         same_numbers: dict[int, tuple[Numbers, PendingCode, str, int, object, str, _Known]] | None
         same_numbers = {} if Cache.SAME_NUMBERS in self._caches else None
         etas = self._etas
+        shared = Cache.SHARED_VERDICTS in self._caches
         for position, entry in enumerate(entries, start=1):
+            # Most of a long queue took a remembered verdict that an alike job explained.
+            verdict = entry.verdict
+            if verdict is not None and verdict.explained is not None:
+                reason, eta = verdict.explained
+                etas[entry.job.id] = eta
+                pending.append(Pending(entry.job.id, reason, position, eta))
+                continue
             c = entry.candidate
             if not explain:
                 reason, eta = BARE_REASONS[entry.code], entry.eta
@@ -189,6 +198,8 @@ class Explainer:
                     and (code is not MEMBER or seen[5] == job.user)
                 ):
                     reason, eta = seen[6]
+                    if verdict is not None and shared:
+                        verdict.explained = seen[6]
                     etas[entry.job.id] = eta
                     pending.append(Pending(entry.job.id, reason, position, eta))
                     continue
@@ -212,6 +223,8 @@ class Explainer:
                         job.user,
                         known,
                     )
+                if verdict is not None and shared:
+                    verdict.explained = known
                 reason, eta = known
             etas[entry.job.id] = eta
             pending.append(Pending(entry.job.id, reason, position, eta))

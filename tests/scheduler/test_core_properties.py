@@ -331,3 +331,25 @@ def test_no_decision_depends_on_a_cache(
     assert schedule(snap, now=NOW, config=config) == cached
     assert schedule(snap, now=NOW, config=replace(config, caches=frozenset())) == cached
     assert schedule(snap, now=NOW, config=replace(config, caches=kept)) == cached
+
+
+def _rebuilt(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """New node and slice objects of equal value, as the shell reads them every pass."""
+    return tuple(Node(n.name, tuple(replace(s) for s in n.slices), n.schedulable) for n in nodes)
+
+
+@PROPERTY
+@given(snapshots(), snapshots(), configs)
+def test_a_kept_node_list_answers_as_a_fresh_one_and_a_changed_one_is_rebuilt(
+    first: Snapshot, second: Snapshot, config: SchedulerConfig
+) -> None:
+    # The node-list cache keeps the shape while each pass brings a new tuple equal to the last
+    # one: every decision is the one of a shape built afresh, also when the node list changes
+    # in between (first, second, first again) or a node is drained.
+    fresh = replace(config, caches=frozenset(Cache) - {Cache.NODE_LIST})
+    drained = replace(first, nodes=(replace(first.nodes[0], schedulable=False), *first.nodes[1:]))
+    for snap in (first, second, first, drained, first):
+        expected = schedule(snap, now=NOW, config=fresh)
+        for _ in range(2):
+            again = replace(snap, nodes=_rebuilt(snap.nodes))
+            assert schedule(again, now=NOW, config=config) == expected
