@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench clean distclean install chromium dockerd
+.PHONY: help run test lint format bench bench-full clean distclean install chromium dockerd
 .PHONY: chaos chaos-short chaos-recovery test-deep
 
 help:
@@ -23,7 +23,9 @@ help:
 	@echo "make test-deep - the property tests with random seeds and 10x the examples (hunting)"
 	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
-	@echo "make bench  - run the benchmarks into bench/results.json"
+	@echo "make bench  - the benchmarks into bench/results.json: core pass, Philly and own traces"
+	@echo "              (replays in parallel, under 25 min on 2 cores); bench-full: also the"
+	@echo "              slowest baselines (FIFO + backfill at 400 GPUs, plain FIFO)"
 	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20;"
 	@echo "              chaos-recovery: agent faults only, the recovery-time figures (12 min)"
 	@echo "make clean  - remove caches and .var (the SQLite database); distclean also .venv"
@@ -70,8 +72,12 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The replays run in parallel, one process per replay (bench/philly.py).
 bench: $(INSTALLED)
-	$(PY) -m bench
+	$(PY) -m bench $(ARGS)
+
+bench-full: $(INSTALLED)
+	$(PY) -m bench --full $(ARGS)
 
 # The chaos harness (tests/chaos): a private PostgreSQL and Redis, the whole portal, seeded
 # faults, then checks against what really ran. Needs root. `make chaos SEED=3 ARGS="--agents 4"`.
