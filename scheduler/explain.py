@@ -152,8 +152,6 @@ class Explainer:
         alike: dict[tuple[object, ...], _Known] | None = (
             {} if Cache.SHARED_REASONS in self._caches else None
         )
-        same_numbers: dict[int, tuple[Numbers, PendingCode, str, int, object, str, _Known]] | None
-        same_numbers = {} if Cache.SAME_NUMBERS in self._caches else None
         etas = self._etas
         shared = Cache.SHARED_VERDICTS in self._caches
         for position, entry in enumerate(entries, start=1):
@@ -181,48 +179,17 @@ class Explainer:
             elif c is None or entry.eta_known or c.job.request.multi_node:
                 reason, eta = self._explain_one(entry, estimator)
             else:
-                # Jobs that took a shared verdict share its numbers object (shared only among
-                # jobs of one team, request and verdict): one look-up by identity (checked)
-                # instead of building the full key for each.
-                numbers = entry.numbers
                 code = entry.code
-                job = c.job
-                seen = same_numbers.get(id(numbers)) if same_numbers is not None else None
-                if (
-                    seen is not None
-                    and seen[0] is numbers
-                    and seen[1] is code
-                    and seen[2] == job.team
-                    and seen[3] == c.minimum
-                    and seen[4] == c.pools
-                    and (code is not MEMBER or seen[5] == job.user)
-                ):
-                    reason, eta = seen[6]
-                    if verdict is not None and shared:
-                        verdict.explained = seen[6]
-                    etas[entry.job.id] = eta
-                    pending.append(Pending(entry.job.id, reason, position, eta))
-                    continue
                 user = c.job.user if code is PendingCode.MEMBER_LIMIT else ""
                 team = c.job.team
                 if code is PendingCode.NO_FIT and not any(p[0] is MPS for p in c.pools):
                     team = ""  # what is free, and when, is the same for every team
-                key = (code, team, user, c.pools, c.minimum, *numbers.values())
+                key = (code, team, user, c.pools, c.minimum, *entry.numbers.values())
                 known = alike.get(key) if alike is not None else None
                 if known is None:
                     known = self._explain_one(entry, estimator)
                     if alike is not None:
                         alike[key] = known
-                if same_numbers is not None:
-                    same_numbers[id(numbers)] = (
-                        numbers,
-                        code,
-                        job.team,
-                        c.minimum,
-                        c.pools,
-                        job.user,
-                        known,
-                    )
                 if verdict is not None and shared:
                     verdict.explained = known
                 reason, eta = known

@@ -39,7 +39,7 @@ stamp.
 The other caches live next to what they remember, each switchable the same way
 (``SchedulerConfig.caches``): ``NODE_LIST`` and ``REQUESTS`` (``scheduler.cluster``, across
 passes), ``FACTORS`` (``scheduler.order``), ``ESTIMATES`` (``scheduler.backfill``),
-``SHARED_REASONS`` and ``SAME_NUMBERS`` (``scheduler.explain``). None of them changes a
+``SHARED_REASONS`` and ``SHARED_VERDICTS`` (``scheduler.explain``). None of them changes a
 decision; ``tests/scheduler`` checks that with every cache switched off, and
 docs/scheduling.md#speed has what each one gains (caches that gained nothing measurable were
 removed: the largest free count per request at the end of the pass, failed victim searches).
