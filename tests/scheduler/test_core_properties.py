@@ -339,17 +339,17 @@ def _rebuilt(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
 
 
 @PROPERTY
-@given(snapshots(), snapshots(), configs)
+@given(snapshots(), configs)
 def test_a_kept_node_list_answers_as_a_fresh_one_and_a_changed_one_is_rebuilt(
-    first: Snapshot, second: Snapshot, config: SchedulerConfig
+    snap: Snapshot, config: SchedulerConfig
 ) -> None:
     # The node-list cache keeps the shape while each pass brings a new tuple equal to the last
-    # one: every decision is the one of a shape built afresh, also when the node list changes
-    # in between (first, second, first again) or a node is drained.
+    # one: every decision is the one of a shape built afresh, when it is kept (the second
+    # pass) and when the node list changes (a node drained; and from one example to the
+    # next, whole other clusters).
     fresh = replace(config, caches=frozenset(Cache) - {Cache.NODE_LIST})
-    drained = replace(first, nodes=(replace(first.nodes[0], schedulable=False), *first.nodes[1:]))
-    for snap in (first, second, first, drained, first):
-        expected = schedule(snap, now=NOW, config=fresh)
-        for _ in range(2):
-            again = replace(snap, nodes=_rebuilt(snap.nodes))
-            assert schedule(again, now=NOW, config=config) == expected
+    drained = replace(snap, nodes=(replace(snap.nodes[0], schedulable=False), *snap.nodes[1:]))
+    expected = {id(s): schedule(s, now=NOW, config=fresh) for s in (snap, drained)}
+    for each in (snap, snap, drained):
+        again = replace(each, nodes=_rebuilt(each.nodes))
+        assert schedule(again, now=NOW, config=config) == expected[id(each)]
