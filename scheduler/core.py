@@ -250,12 +250,11 @@ class Cycle:
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
         if verdict is not None:
-            self.left.append(Left(job, verdict[0], verdict[1], c))
+            self.left.append(Left(job, verdict.code, verdict.numbers, c, verdict=verdict))
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
-            self.wait(c, *allowed)
-            self.memo.keep_verdict(key, stamp, allowed)
+            self.wait(c, *allowed).verdict = self.memo.keep_verdict(key, stamp, allowed)
             return
         cap = None if allowed == math.inf else int((allowed + EPS) / c.unit)
         placement = self._place(c, cap)
@@ -271,8 +270,7 @@ class Cycle:
         if why is None:
             why = self._capacity_reason(c)
             self.memo.keep_why_not(why_key, stamp, why)
-        self.wait(c, *why)
-        self.memo.keep_verdict(key, stamp, why)
+        self.wait(c, *why).verdict = self.memo.keep_verdict(key, stamp, why)
 
     def _place(self, c: Candidate, cap: int | None) -> Placement | None:
         """Best-fit slices for ``c``, taken from the index; [] when they break a limit;

@@ -23,7 +23,7 @@ from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Estimator, Reservation, Timeline
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import Cache, SchedulerConfig
-from scheduler.memo import PassMemo, Releases
+from scheduler.memo import PassMemo, Releases, Verdict
 from scheduler.model import Job, Pending, PendingCode, Reason, SliceKind
 from scheduler.order import Candidate, FairShare, leading_teams
 from scheduler.quota import EPS, Blocked, Held, Numbers
@@ -43,6 +43,7 @@ class Left:
     candidate: Candidate | None = None  # None: parked in step 2, never considered
     eta: float | None = None
     eta_known: bool = False
+    verdict: Verdict | None = None  # the remembered verdict it took or left (Cache.VERDICTS)
 
 
 # --- why a job fits nowhere (step 4) ---------------------------------------------------------
@@ -151,10 +152,16 @@ class Explainer:
         alike: dict[tuple[object, ...], _Known] | None = (
             {} if Cache.SHARED_REASONS in self._caches else None
         )
-        same_numbers: dict[int, tuple[Numbers, PendingCode, str, int, object, str, _Known]] | None
-        same_numbers = {} if Cache.SAME_NUMBERS in self._caches else None
         etas = self._etas
+        shared = Cache.SHARED_VERDICTS in self._caches
         for position, entry in enumerate(entries, start=1):
+            # Most of a long queue took a remembered verdict that an alike job explained.
+            verdict = entry.verdict
+            if verdict is not None and verdict.explained is not None:
+                reason, eta = verdict.explained
+                etas[entry.job.id] = eta
+                pending.append(Pending(entry.job.id, reason, position, eta))
+                continue
             c = entry.candidate
             if not explain:
                 reason, eta = BARE_REASONS[entry.code], entry.eta
@@ -172,46 +179,19 @@ class Explainer:
             elif c is None or entry.eta_known or c.job.request.multi_node:
                 reason, eta = self._explain_one(entry, estimator)
             else:
-                # Jobs that took a shared verdict share its numbers object (shared only among
-                # jobs of one team, request and verdict): one look-up by identity (checked)
-                # instead of building the full key for each.
-                numbers = entry.numbers
                 code = entry.code
-                job = c.job
-                seen = same_numbers.get(id(numbers)) if same_numbers is not None else None
-                if (
-                    seen is not None
-                    and seen[0] is numbers
-                    and seen[1] is code
-                    and seen[2] == job.team
-                    and seen[3] == c.minimum
-                    and seen[4] == c.pools
-                    and (code is not MEMBER or seen[5] == job.user)
-                ):
-                    reason, eta = seen[6]
-                    etas[entry.job.id] = eta
-                    pending.append(Pending(entry.job.id, reason, position, eta))
-                    continue
                 user = c.job.user if code is PendingCode.MEMBER_LIMIT else ""
                 team = c.job.team
                 if code is PendingCode.NO_FIT and not any(p[0] is MPS for p in c.pools):
                     team = ""  # what is free, and when, is the same for every team
-                key = (code, team, user, c.pools, c.minimum, *numbers.values())
+                key = (code, team, user, c.pools, c.minimum, *entry.numbers.values())
                 known = alike.get(key) if alike is not None else None
                 if known is None:
                     known = self._explain_one(entry, estimator)
                     if alike is not None:
                         alike[key] = known
-                if same_numbers is not None:
-                    same_numbers[id(numbers)] = (
-                        numbers,
-                        code,
-                        job.team,
-                        c.minimum,
-                        c.pools,
-                        job.user,
-                        known,
-                    )
+                if verdict is not None and shared:
+                    verdict.explained = known
                 reason, eta = known
             etas[entry.job.id] = eta
             pending.append(Pending(entry.job.id, reason, position, eta))

@@ -39,7 +39,7 @@ stamp.
 The other caches live next to what they remember, each switchable the same way
 (``SchedulerConfig.caches``): ``NODE_LIST`` and ``REQUESTS`` (``scheduler.cluster``, across
 passes), ``FACTORS`` (``scheduler.order``), ``ESTIMATES`` (``scheduler.backfill``),
-``SHARED_REASONS`` and ``SAME_NUMBERS`` (``scheduler.explain``). None of them changes a
+``SHARED_REASONS`` and ``SHARED_VERDICTS`` (``scheduler.explain``). None of them changes a
 decision; ``tests/scheduler`` checks that with every cache switched off, and
 docs/scheduling.md#speed has what each one gains (caches that gained nothing measurable were
 removed: the largest free count per request at the end of the pass, failed victim searches).
@@ -48,17 +48,32 @@ removed: the largest free count per request at the end of the pass, failed victi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache
+from scheduler.model import PendingCode, Reason
 from scheduler.order import Candidate
-from scheduler.quota import Blocked
+from scheduler.quota import Blocked, Numbers
 
 Key = tuple[object, ...]
 Stamp = tuple[int, int, object]
 # End times of a team's (or member's) jobs, sorted, and the units freed by each of them.
 Releases = tuple[list[float], list[float]]
+
+
+@dataclass(slots=True)
+class Verdict:
+    """A remembered verdict (``Cache.VERDICTS``): why the jobs of one key may not start.
+
+    The jobs that share it are alike in all that explains them (team, request, member where
+    members have limits), so once the first of them is explained, ``scheduler.explain`` keeps
+    the reason and estimate here for the others (``Cache.SHARED_VERDICTS``)."""
+
+    code: PendingCode
+    numbers: Numbers
+    explained: tuple[Reason, float | None] | None = None
 
 
 class PassMemo:
@@ -69,7 +84,7 @@ class PassMemo:
     ) -> None:
         self._now = now
         self._reservations = reservations  # the pass's, as it makes them (part of every key)
-        self._verdicts: dict[Key, tuple[Stamp, Blocked]] | None = (
+        self._verdicts: dict[Key, tuple[Stamp, Verdict]] | None = (
             {} if Cache.VERDICTS in caches else None
         )
         self._why_not: dict[Key, tuple[Stamp, Blocked]] | None = (
@@ -105,7 +120,7 @@ class PassMemo:
         """A reservation or a preemption: no earlier answer holds any more."""
         self._version += 1
 
-    def verdict(self, c: Candidate) -> tuple[Key, Stamp, Blocked | None]:
+    def verdict(self, c: Candidate) -> tuple[Key, Stamp, Verdict | None]:
         """The key and stamp of ``c`` now, and the verdict remembered under them (or None).
 
         This is the path most jobs of a long queue take, so it is kept tight."""
@@ -134,9 +149,14 @@ class PassMemo:
                 return key, stamp, found[1]
         return key, stamp, None
 
-    def keep_verdict(self, key: Key, stamp: Stamp, verdict: Blocked) -> None:
-        if self._verdicts is not None:
-            self._verdicts[key] = (stamp, verdict)
+    def keep_verdict(self, key: Key, stamp: Stamp, verdict: Blocked) -> Verdict | None:
+        """Remember ``verdict`` under ``key`` and ``stamp``; the record the jobs that take it
+        will share (None with ``Cache.VERDICTS`` off)."""
+        if self._verdicts is None:
+            return None
+        kept = Verdict(*verdict)
+        self._verdicts[key] = (stamp, kept)
+        return kept
 
     def why_not(self, c: Candidate, stamp: Stamp) -> tuple[Key, Blocked | None]:
         """The key of ``c``'s team and request, and why a job alike it (differing at most in

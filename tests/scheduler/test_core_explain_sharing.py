@@ -58,3 +58,27 @@ def test_each_team_is_told_the_leading_team_among_the_others() -> None:
     assert leaders == {"a3": "b", "b2": "a", "c1": "a"}
     factors = {p.job_id: p.reason.numbers["team_factor"] for p in decisions.pending}
     assert decisions.pending[2].reason.numbers["leading_factor"] == factors["a3"]
+
+
+def test_a_shared_verdict_tells_each_member_when_their_own_jobs_free_their_limit() -> None:
+    # Members of a team with a member limit each have a verdict of their own: u1's two
+    # waiting jobs share u1's reason and estimate (the end of u1's job), never u2's.
+    teams = [Team("a", member_limit=1.0)]
+    held = [
+        running(job("r1", "a", user="u1", limit=1000.0), ["n0-g0"], started=1000.0),
+        running(job("r2", "a", user="u2", limit=4000.0), ["n0-g1"], started=1000.0),
+    ]
+    pending = [
+        job("p1", "a", user="u1", at=1.0),
+        job("p2", "a", user="u2", at=2.0),
+        job("p3", "a", user="u1", at=3.0),
+        job("p4", "a", user="u2", at=4.0),
+    ]
+    snap = snapshot([whole_node("n0")], pending, held, teams)
+    shared = decide(snap)
+    by_id = {p.job_id: p for p in shared.pending}
+    assert {p.reason.code for p in shared.pending} == {PendingCode.MEMBER_LIMIT}
+    assert by_id["p1"].reason is by_id["p3"].reason
+    assert by_id["p2"].reason is by_id["p4"].reason
+    assert [by_id[j].eta for j in ("p1", "p2", "p3", "p4")] == [2000.0, 5000.0, 2000.0, 5000.0]
+    assert decide(snap, caches=frozenset()) == shared

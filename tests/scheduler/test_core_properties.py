@@ -331,3 +331,25 @@ def test_no_decision_depends_on_a_cache(
     assert schedule(snap, now=NOW, config=config) == cached
     assert schedule(snap, now=NOW, config=replace(config, caches=frozenset())) == cached
     assert schedule(snap, now=NOW, config=replace(config, caches=kept)) == cached
+
+
+def _rebuilt(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
+    """New node and slice objects of equal value, as the shell reads them every pass."""
+    return tuple(Node(n.name, tuple(replace(s) for s in n.slices), n.schedulable) for n in nodes)
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_a_kept_node_list_answers_as_a_fresh_one_and_a_changed_one_is_rebuilt(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    # The node-list cache keeps the shape while each pass brings a new tuple equal to the last
+    # one: every decision is the one of a shape built afresh, when it is kept (the second
+    # pass) and when the node list changes (a node drained; and from one example to the
+    # next, whole other clusters).
+    fresh = replace(config, caches=frozenset(Cache) - {Cache.NODE_LIST})
+    drained = replace(snap, nodes=(replace(snap.nodes[0], schedulable=False), *snap.nodes[1:]))
+    expected = {id(s): schedule(s, now=NOW, config=fresh) for s in (snap, drained)}
+    for each in (snap, snap, drained):
+        again = replace(each, nodes=_rebuilt(each.nodes))
+        assert schedule(again, now=NOW, config=config) == expected[id(each)]
