@@ -457,6 +457,9 @@ class Cycle:
             placed_teams=self.placed_teams,
             memo=self.memo,
             arrays=self.arrays,
+            run_times=self.snapshot.run_times,
+            assigned=self.assign,
+            reservations=self.reservations,
         )
         return Decisions(
             assign=tuple(self.assign),
