@@ -254,17 +254,21 @@ class Explainer:
         lines = self._timelines()
         free_now = dict(self._index.pool_free_total)
         pool_of = self._index.shape.slice_pool
-        kept: dict[str, int] = {}
+        node_of = self._index.shape.slice_node
+        set_aside: dict[tuple[Pool, int], int] = {}
         for reservation in self._reservations:
-            kept[reservation.job_id] = len(reservation.set_aside)
             for item in reservation.set_aside:  # free, kept for the job that reserved them
                 pool = pool_of[item.id]
                 free_now[pool] = free_now.get(pool, 0) + 1
+                key = (pool, node_of[item.id])
+                set_aside[key] = set_aside.get(key, 0) + 1
         remember = Cache.ESTIMATES in self._caches
-        fits: dict[int, Estimator] = {id(self._timeline): estimator}
+        fits: dict[int, Estimator] = {} if set_aside else {id(self._timeline): estimator}
         for line in lines:
             if id(line) not in fits:
-                fits[id(line)] = Estimator(self._index, line, now, remember=remember)
+                fits[id(line)] = Estimator(
+                    self._index, line, now, remember=remember, set_aside=set_aside
+                )
         early_fit, likely_fit, latest_fit = (fits[id(line)] for line in lines)
         likely_plan = QueuePlan(lines[1], free_now, now)
         same = lines[2] is lines[1]
@@ -289,17 +293,11 @@ class Explainer:
                 latest = likely
             else:
                 latest = latest_plan.book(pools, need, run_latest, not_before)
-            if code is PendingCode.RESERVED:
-                # Its set-aside slices are out of the free index (the plan counts them free):
-                # the earliest is when the rest of its request fits.
-                left = need - kept.get(job.id, 0)
-                earliest = now if left <= 0 else early_fit.earliest(pools, left, spread)
-            elif pools and pools[0][0] is SliceKind.MPS:  # (not planned: the earliest fit)
-                earliest = early_fit.earliest(pools, need, spread)
+            earliest = early_fit.earliest(pools, need, spread)
+            if pools and pools[0][0] is SliceKind.MPS:  # (not planned: the earliest fit)
                 likely = likely_fit.earliest(pools, need, spread)
                 latest = latest_fit.earliest(pools, need, spread)
             else:
-                earliest = early_fit.earliest(pools, need, spread)
                 likely = later(likely, likely_fit.earliest(pools, need, spread))
                 latest = later(latest, latest_fit.earliest(pools, need, spread))
             if held_back is not None:

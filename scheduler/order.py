@@ -388,6 +388,15 @@ class FairShareRules:
                 group = by_rank[c.rank] = []
             group.append(c)
         cycle.fair = self._standing(cycle, by_rank.values())
+        starving = starving_jobs(candidates, cycle.now, self._config.max_wait_s)
+        if starving:
+            # Jobs past the maximum wait go first, oldest first, each with a reservation.
+            cycle.starving = True
+            yield starving
+            cycle.starving = False
+            chosen = {id(c) for c in starving}
+            for rank, group in by_rank.items():
+                by_rank[rank] = [c for c in group if id(c) not in chosen]
         for rank in sorted(by_rank, reverse=True):
             yield from self._phases(cycle, by_rank[rank])
 
@@ -447,6 +456,8 @@ class FairShareRules:
         cycle.deferred = []
 
     def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
+        if cycle.starving:
+            return Ordered(jobs, None)  # (already oldest first)
         journal = cycle.fair.journal
         if journal is not None and jobs:
             journal.rounds.append((len(journal.yielded), jobs[0].rank, cycle.first_round))
@@ -462,4 +473,22 @@ class FairShareRules:
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
         if cycle.preempt_for(c):
             return True
+        if cycle.starving:
+            return cycle.reserve(c, starving=True)
         return self._config.backfill and cycle.reserve(c)
+
+
+def starving_jobs(
+    candidates: Iterable[Candidate], now: float, max_wait_s: float | None
+) -> list[Candidate]:
+    """The candidates queued ``max_wait_s`` or longer, oldest first (``age_key``)."""
+    if max_wait_s is None:
+        return []
+    since = now - max_wait_s
+    found = [c for c in candidates if _queued(c.job) <= since]
+    found.sort(key=lambda c: age_key(c.job))
+    return found
+
+
+def _queued(job: Job) -> float:
+    return job.queued_since if job.queued_since is not None else job.submitted_at

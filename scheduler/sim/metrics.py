@@ -7,6 +7,9 @@
   makespan lower bound is the larger of max(submit + duration) and, over every submit time t,
   t + (work submitted at or after t) / capacity.
 - *offered load* = work / (capacity x [first submit, last submit]).
+- *ETA error* of a job that waited at least ``ETA_MIN_WAIT_S`` before it first started:
+  |first start - the likely start its first pending pass estimated| / (first start - submit);
+  median and p90 over those jobs. Jobs whose estimate was unknown are counted apart.
 - *fairness*: at every moment the teams with demand (held + queued GPUs) get a weighted
   max-min fair share of the cluster (water-filling by weight, each capped at its demand).
   A team's ratio = min(1, held / fair share), time-averaged over the periods when it has
@@ -17,11 +20,12 @@
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler.runtimes import percentile as quantile
+from scheduler.sim.engine import Estimate
 from scheduler.sim.records import JobRecord
 
 # The sharing-incentive check: with the shared policy every team's mean wait is at most
@@ -35,11 +39,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), interpolating linearly; 0.0 for no values."""
     if not values:
         return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return quantile(sorted(values), q / 100.0)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -288,3 +288,50 @@ def sharing_incentive(
         holds = ours <= SHARING_FACTOR * theirs + SHARING_SLACK_S
         checks[team] = SharingCheck(len(pairs), ours, theirs, holds)
     return checks
+
+
+# ETA calibration counts the jobs that waited at least this long before they first started.
+ETA_MIN_WAIT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class EtaCalibration:
+    jobs: int  # jobs that waited >= ETA_MIN_WAIT_S and had a first pending pass
+    unknown: int  # of those, with no likely estimate
+    median_error: float  # of |actual - predicted| / actual wait, over the known ones
+    p90_error: float
+    within_band: float  # share of the known ones whose start fell in [earliest, latest]
+
+
+def eta_calibration(
+    records: Iterable[JobRecord],
+    etas: Mapping[str, Estimate],
+    *,
+    min_wait_s: float = ETA_MIN_WAIT_S,
+) -> EtaCalibration:
+    """How far each job's first estimate was from its first start (see the module doc)."""
+    errors: list[float] = []
+    inside = unknown = 0
+    for record in records:
+        estimate = etas.get(record.job_id)
+        if estimate is None or not record.segments:
+            continue
+        started = record.segments[0].start_s
+        waited = started - record.submit_s
+        if waited < min_wait_s:
+            continue
+        if estimate.likely_s is None:
+            unknown += 1
+            continue
+        errors.append(abs(started - estimate.likely_s) / waited)
+        low, high = estimate.earliest_s, estimate.latest_s
+        inside += (low is None or low <= started + _EPSILON) and (
+            high is None or started <= high + _EPSILON
+        )
+    return EtaCalibration(
+        jobs=len(errors) + unknown,
+        unknown=unknown,
+        median_error=percentile(errors, 50),
+        p90_error=percentile(errors, 90),
+        within_band=inside / len(errors) if errors else 0.0,
+    )
