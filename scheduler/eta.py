@@ -29,54 +29,114 @@ decision: nothing here changes what the pass does.
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler.backfill import Release, Timeline
 from scheduler.cluster import Pool
 from scheduler.model import SliceKind
 
-# (latest pass-known end, slices count): what a planned job gives back, and when.
-_Booking = tuple[float, int]
+# (time, 0 = slices come free / 1 = the planned reservation takes them, count), in order.
+_Change = tuple[float, int, int]
 
 
 @dataclass(slots=True)
 class _PoolPlan:
-    events: list[Release]  # the running jobs' ends in this pool, sorted
-    free: int  # slices free at ``at``
-    at: float  # the plan's clock in this pool: starts are booked in order, never earlier
-    next_event: int = 0
-    booked: list[_Booking] | None = None  # planned jobs' ends (a heap)
+    """One pool's plan, in the spirit of EASY backfill: the plan's clock ``at`` with the
+    slices ``free`` then; a job that fits now starts now unless it would delay the planned
+    reservation (the first job that did not fit, at ``shadow_at``, leaving ``spare`` slices
+    beside it); the first job that does not fit becomes that reservation; a later one that
+    does not fit moves the clock on until it does."""
 
-    def __post_init__(self) -> None:
-        self.booked = []
+    events: list[Release]  # the running jobs' ends in this pool, sorted
+    free: int
+    at: float
+    next_event: int = 0
+    changes: list[_Change] = field(default_factory=list)  # planned jobs' ends, sorted
+    next_change: int = 0
+    shadow_at: float | None = None
+    spare: int = 0
+
+    def _peek(self) -> _Change | None:
+        """The next change on the time line, without taking it."""
+        event = self.events[self.next_event] if self.next_event < len(self.events) else None
+        change = self.changes[self.next_change] if self.next_change < len(self.changes) else None
+        if event is None:
+            return change
+        released = (event[0], 0, len(event[3]))
+        return released if change is None or released <= change else change
+
+    def _advance(self) -> bool:
+        """Move the clock to the next change (False: nothing more ever changes)."""
+        found = self._peek()
+        if found is None:
+            return False
+        if self.next_change < len(self.changes) and found is self.changes[self.next_change]:
+            self.next_change += 1
+        else:
+            self.next_event += 1
+        at, kind, count = found
+        self.at = max(self.at, at)
+        if kind == 1:  # the reservation starts: its slices are taken
+            self.free -= count
+            self.shadow_at = None
+        else:
+            self.free += count
+        return True
+
+    def _when_free(self, need: int) -> tuple[float, int] | None:
+        """When ``need`` slices are first free (and how many are then), looking ahead."""
+        free, event, change = self.free, self.next_event, self.next_change
+        at = self.at
+        events, changes = self.events, self.changes
+        while free < need:
+            ahead = events[event][0] if event < len(events) else None
+            later_change = changes[change] if change < len(changes) else None
+            if ahead is None and later_change is None:
+                return None
+            if later_change is None or (ahead is not None and ahead <= later_change[0]):
+                assert ahead is not None
+                free += len(events[event][3])
+                event += 1
+                at = max(at, ahead)
+            else:
+                free += later_change[2] if later_change[1] == 0 else -later_change[2]
+                change += 1
+                at = max(at, later_change[0])
+        return at, free
+
+    def _plan_end(self, at: float, count: int, kind: int = 0) -> None:
+        bisect.insort(self.changes, (at, kind, count), lo=self.next_change)
 
     def book(self, need: int, run_s: float | None, not_before: float) -> float | None:
-        """Book ``need`` slices for ``run_s`` (None: without end) at the first moment they are
-        free; the start, or None when they never come free."""
-        events, booked = self.events, self.booked
-        assert booked is not None
-        while self.free < need:
-            event_end = events[self.next_event][0] if self.next_event < len(events) else None
-            booked_end = booked[0][0] if booked else None
-            if event_end is None and booked_end is None:
-                return None  # what it needs is held without a known end
-            if booked_end is None or (event_end is not None and event_end <= booked_end):
-                assert event_end is not None
-                self.free += len(events[self.next_event][3])
-                self.next_event += 1
-                end = event_end
-            else:
-                end, count = heapq.heappop(booked)
-                self.free += count
-            if end > self.at:
-                self.at = end
-        start = max(self.at, not_before)
-        self.free -= need
-        if run_s is not None:
-            heapq.heappush(booked, (start + run_s, need))
-        return start
+        """Book ``need`` slices for ``run_s`` (None: without end); its start, or None when
+        they never come free."""
+        while True:
+            if self.free >= need:
+                start = max(self.at, not_before)
+                end = None if run_s is None else start + run_s
+                shadow = self.shadow_at
+                past = shadow is not None and (end is None or end > shadow)
+                if not past or need <= self.spare:
+                    self.free -= need
+                    if past:
+                        self.spare -= need
+                    if end is not None:
+                        self._plan_end(end, need)
+                    return start
+            if self.shadow_at is None:
+                found = self._when_free(need)
+                if found is None:
+                    return None
+                start = max(found[0], not_before)
+                self.shadow_at, self.spare = start, found[1] - need
+                self._plan_end(start, need, kind=1)
+                if run_s is not None:
+                    self._plan_end(start + run_s, need)
+                return start
+            if not self._advance():
+                return None
 
 
 class QueuePlan:

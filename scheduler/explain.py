@@ -263,13 +263,14 @@ class Explainer:
                 key = (pool, node_of[item.id])
                 set_aside[key] = set_aside.get(key, 0) + 1
         remember = Cache.ESTIMATES in self._caches
-        fits: dict[int, Estimator] = {} if set_aside else {id(self._timeline): estimator}
+        fits: dict[int, Estimator] = {id(self._timeline): estimator}
         for line in lines:
             if id(line) not in fits:
-                fits[id(line)] = Estimator(
-                    self._index, line, now, remember=remember, set_aside=set_aside
-                )
+                fits[id(line)] = Estimator(self._index, line, now, remember=remember)
         early_fit, likely_fit, latest_fit = (fits[id(line)] for line in lines)
+        # A job holding a reservation may count the slices set aside for it as free.
+        reserved_fit = Estimator(self._index, lines[0], now, remember=remember, set_aside=set_aside)
+        known_history = lines[0] is not self._timeline
         likely_plan = QueuePlan(lines[1], free_now, now)
         same = lines[2] is lines[1]
         latest_plan = likely_plan if same else QueuePlan(lines[2], free_now, now)
@@ -287,19 +288,29 @@ class Explainer:
             pools, need, spread = c.pools, c.minimum, job.request.multi_node
             held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
             not_before = now if held_back is None else held_back
-            _, run_likely, run_latest = run_band(job, history)
+            if known_history:
+                _, run_likely, run_latest = run_band(job, history)
+            else:
+                run_likely = run_latest = job.time_limit_s
             likely = likely_plan.book(pools, need, run_likely, not_before)
             if same and run_latest == run_likely:
                 latest = likely
             else:
                 latest = latest_plan.book(pools, need, run_latest, not_before)
-            earliest = early_fit.earliest(pools, need, spread)
+            if code is PendingCode.RESERVED:
+                earliest = reserved_fit.earliest(pools, need, spread)
+                likely_fit_at = latest_fit_at = earliest
+            elif known_history:
+                earliest = early_fit.earliest(pools, need, spread)
+                likely_fit_at = likely_fit.earliest(pools, need, spread)
+                latest_fit_at = latest_fit.earliest(pools, need, spread)
+            else:  # one time line: one fit
+                earliest = likely_fit_at = latest_fit_at = early_fit.earliest(pools, need, spread)
             if pools and pools[0][0] is SliceKind.MPS:  # (not planned: the earliest fit)
-                likely = likely_fit.earliest(pools, need, spread)
-                latest = latest_fit.earliest(pools, need, spread)
+                likely, latest = likely_fit_at, latest_fit_at
             else:
-                likely = later(likely, likely_fit.earliest(pools, need, spread))
-                latest = later(latest, latest_fit.earliest(pools, need, spread))
+                likely = later(likely, likely_fit_at)
+                latest = later(latest, latest_fit_at)
             if held_back is not None:
                 earliest = later(earliest, held_back)
                 likely = later(likely, held_back)

@@ -120,19 +120,28 @@ def run_band(job: Job, history: RunTimes) -> Band:
 
 
 def end_band(job: Job, started_at: float, now: float, history: RunTimes) -> Band:
-    """When a job that started at ``started_at`` ends, as of ``now``: its run band from its
-    start, and a job already past a point of the band is expected to end no earlier than
-    ``now`` (past its likely run time, at its latest)."""
-    low, mid, high = run_band(job, history)
-    if high is not None and job.time_limit_s is None and started_at + high <= now:
-        # Ran longer than the history's 90th percentile, without a limit: nothing known.
-        return (now, None, None)
-    latest = None if high is None else max(now, started_at + high)
-    likely = None if mid is None else started_at + mid
-    if likely is not None and likely < now:
-        # Past its likely run time: halfway between now and its latest end.
-        likely = now if latest is None else (now + latest) / 2
-    earliest = None if low is None else max(now, started_at + low)
-    if earliest is not None and likely is not None:
-        earliest = min(earliest, likely)
+    """When a job that started at ``started_at`` ends, as of ``now``.
+
+    Without history: its time limit (unknown without one). With history (each point capped
+    by the limit): the latest is the limit, else the 90th percentile; the likely end is the
+    median, or once that has passed the 90th percentile, or once that has passed too
+    halfway between now and the latest (unknown without a limit); the earliest is the 10th
+    percentile. Nothing ends before ``now``."""
+    limit = job.time_limit_s
+    limit_end = None if limit is None else max(now, started_at + limit)
+    past = history_of(history, job)
+    if past is None:
+        return (limit_end, limit_end, limit_end)
+    low, mid, high = (
+        started_at + (run if limit is None else min(run, limit))
+        for run in (past.p10_s, past.median_s, past.p90_s)
+    )
+    latest = limit_end if limit_end is not None else (high if high > now else None)
+    if mid > now:
+        likely: float | None = mid
+    elif high > now:
+        likely = high
+    else:
+        likely = None if latest is None else (now + latest) / 2
+    earliest = max(now, low) if likely is None else min(max(now, low), likely)
     return (earliest, likely, latest)

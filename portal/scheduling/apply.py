@@ -43,8 +43,11 @@ _LOCK_CHUNK = 2_000
 
 # The columns a pass writes on every job it leaves pending: code, message, numbers, queue
 # position, estimated start.
-Explanation = tuple[str, str, dict[str, Any], int | None, datetime | None]
-_CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None)
+# code, message, numbers, position, and the estimated start: likely, earliest, latest.
+Explanation = tuple[
+    str, str, dict[str, Any], int | None, datetime | None, datetime | None, datetime | None
+]
+_CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None, None, None)
 _ASSIGN_COLUMNS = (
     "attempt",
     "node",
@@ -55,6 +58,8 @@ _ASSIGN_COLUMNS = (
     "pending_numbers",
     "queue_position",
     "estimated_start_at",
+    "estimated_start_earliest_at",
+    "estimated_start_latest_at",
 )
 _EXPLANATION_COLUMNS = (
     "pending_code",
@@ -277,16 +282,21 @@ def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
 
 
 def explanation_of(decision: Pending) -> Explanation:
-    """The stored form of a Pending decision: code, message, numbers, position, estimate."""
-    eta = decision.eta
-    when = datetime.fromtimestamp(eta, tz=UTC) if eta is not None and math.isfinite(eta) else None
+    """The stored form of a Pending decision: code, message, numbers, position, and the
+    estimated start with its band (likely, earliest, latest)."""
     return (
         decision.reason.code.value,
         decision.reason.message,
         _json_numbers(decision.reason.numbers),
         max(decision.position, 0),
-        when,
+        _when(decision.eta),
+        _when(decision.eta_earliest),
+        _when(decision.eta_latest),
     )
+
+
+def _when(at: float | None) -> datetime | None:
+    return datetime.fromtimestamp(at, tz=UTC) if at is not None and math.isfinite(at) else None
 
 
 def _json_numbers(numbers: Mapping[str, float | str]) -> dict[str, Any]:

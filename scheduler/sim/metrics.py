@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -335,3 +336,97 @@ def eta_calibration(
         p90_error=percentile(errors, 90),
         within_band=inside / len(errors) if errors else 0.0,
     )
+
+
+# --- the anti-starvation bounds (docs/scheduling.md#starvation) ------------------------------
+
+
+def pending_intervals(record: JobRecord) -> list[tuple[float, float]]:
+    """When a job waited: from submit to its first start, and from each preemption (the end
+    of its grace period) to its next start; the last one open (inf) if it never restarted."""
+    intervals: list[tuple[float, float]] = []
+    waiting_since: float | None = record.submit_s
+    for segment in record.segments:
+        if waiting_since is not None:
+            intervals.append((waiting_since, segment.start_s))
+        waiting_since = segment.end_s if segment.preempted else None
+    if waiting_since is not None:
+        intervals.append((waiting_since, math.inf))
+    return intervals
+
+
+def guarantee_waits(
+    records: Sequence[JobRecord], guarantees: Mapping[str, float]
+) -> dict[str, float]:
+    """Per job, the longest it waited after it headed its team's queue (the oldest pending
+    job of its team) while it fitted within the team's guarantee; jobs that never did so
+    while waiting are left out. One user per team: the team's queue is in age order."""
+    by_team: dict[str, list[JobRecord]] = defaultdict(list)
+    for record in records:
+        by_team[record.tenant].append(record)
+    out: dict[str, float] = {}
+    for name, mine in by_team.items():
+        guarantee = guarantees.get(name, 0.0)
+        waiting = [(r, a, b) for r in mine for a, b in pending_intervals(r)]
+        held = [(s.start_s, s.end_s, r.gpus) for r in mine for s in r.segments]
+        times = sorted(
+            {t for a, b in ((w[1], w[2]) for w in waiting) for t in (a, b)}
+            | {t for start, end, _ in held for t in (start, end)}
+        )
+        for record, a, b in waiting:
+            age = (record.submit_s, record.job_id)
+            if a == b:  # started at once
+                out.setdefault(record.job_id, 0.0)
+                continue
+            for h in (t for t in times if a <= t < b):
+                older = any(
+                    (other.submit_s, other.job_id) < age and oa <= h < ob
+                    for other, oa, ob in waiting
+                )
+                holds = sum(units for start, end, units in held if start <= h < end)
+                if not older and holds + record.gpus <= guarantee + _EPSILON:
+                    out[record.job_id] = max(out.get(record.job_id, 0.0), b - h)
+                    break
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Starvation:
+    max_wait_s: float
+    starved: int  # jobs that waited longer than max_wait_s before they first started
+    worst_wait_s: float  # the longest first wait among them (0 without any)
+    worst_bound_s: float  # the bound of that job
+    worst_ratio: float  # the largest wait / bound (<= 1 when every bound holds)
+    violations: int  # jobs that waited longer than their bound
+
+
+def starvation(
+    records: Sequence[JobRecord], *, max_wait_s: float, longest_limit_s: float, grace_s: float
+) -> Starvation:
+    """Each job's first wait against max_wait_s + (1 + k) x (longest limit + grace), k = the
+    jobs queued before it that still waited at some time after its own maximum wait."""
+    intervals = {r.job_id: pending_intervals(r) for r in records}
+    starved = violations = 0
+    worst = (0.0, 0.0)
+    ratio = 0.0
+    for record in records:
+        start = record.segments[0].start_s if record.segments else math.inf
+        wait = start - record.submit_s
+        if wait <= max_wait_s:
+            continue
+        starved += 1
+        since = record.submit_s + max_wait_s
+        age = (record.submit_s, record.job_id)
+        ahead = sum(
+            1
+            for other in records
+            if (other.submit_s, other.job_id) < age
+            and any(a < start and b > since for a, b in intervals[other.job_id])
+        )
+        bound = max_wait_s + (1 + ahead) * (longest_limit_s + grace_s)
+        violations += wait > bound + _EPSILON
+        if wait / bound > ratio:
+            ratio = wait / bound
+        if wait > worst[0]:
+            worst = (wait, bound)
+    return Starvation(max_wait_s, starved, worst[0], worst[1], ratio, violations)
