@@ -4,9 +4,10 @@
 (b) one schedule() call of the pure core on 10,000 pending jobs over 1,000 nodes x 8 GPUs
     (bench/core_pass.py);
 (c) the same pass through the database shell on PostgreSQL when DATABASE_URL is set
-    (bench/db_pass.py).
+    (bench/db_pass.py);
+(d) ETA calibration and the starvation bounds on a slice of the Philly trace (bench/eta.py).
 
-Options: --skip-philly, --skip-db, --philly-trace PATH, --philly-limit-jobs N, --gpus 512,400,
+Options: --skip-philly, --skip-db, --skip-eta, --philly-trace PATH, --philly-limit-jobs N, --gpus 512,400,
 --core-repeats N, --out PATH.
 """
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "--philly-limit-jobs", type=int, help="replay only the first N jobs (a quick check)"
     )
     parser.add_argument("--skip-db", action="store_true")
+    parser.add_argument("--skip-eta", action="store_true")
     parser.add_argument("--core-repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args(argv)
@@ -114,6 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         print(philly.render_table(results["philly"]))
         results["philly_targets"] = philly.check_targets(results["philly"])
         print(philly.render_targets(results["philly_targets"]), flush=True)
+
+    # (d) ETA calibration and the starvation bounds: bench/eta.py owns the figures.
+    if args.skip_eta:
+        results["eta"] = None
+    else:
+        from bench import eta
+
+        print("\n== (d) ETA calibration and starvation bounds ==", flush=True)
+        results["eta"] = eta.calibration(args.philly_trace)
+        print(eta.render_calibration(results["eta"]), flush=True)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

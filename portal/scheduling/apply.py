@@ -48,11 +48,7 @@ Explanation = tuple[
     str, str, dict[str, Any], int | None, datetime | None, datetime | None, datetime | None
 ]
 _CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None, None, None)
-_ASSIGN_COLUMNS = (
-    "attempt",
-    "node",
-    "borrowed",
-    "assigned_at",
+_EXPLANATION_COLUMNS = (
     "pending_code",
     "pending_message",
     "pending_numbers",
@@ -61,13 +57,7 @@ _ASSIGN_COLUMNS = (
     "estimated_start_earliest_at",
     "estimated_start_latest_at",
 )
-_EXPLANATION_COLUMNS = (
-    "pending_code",
-    "pending_message",
-    "pending_numbers",
-    "queue_position",
-    "estimated_start_at",
-)
+_ASSIGN_COLUMNS = ("attempt", "node", "borrowed", "assigned_at", *_EXPLANATION_COLUMNS)
 
 
 @dataclass(slots=True)

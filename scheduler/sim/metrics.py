@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -360,33 +361,48 @@ def guarantee_waits(
 ) -> dict[str, float]:
     """Per job, the longest it waited after it headed its team's queue (the oldest pending
     job of its team) while it fitted within the team's guarantee; jobs that never did so
-    while waiting are left out. One user per team: the team's queue is in age order."""
+    while waiting are left out. One user per team: the team's queue is in age order. One
+    sweep per team over its starts, ends and waits, in time order."""
     by_team: dict[str, list[JobRecord]] = defaultdict(list)
     for record in records:
         by_team[record.tenant].append(record)
     out: dict[str, float] = {}
     for name, mine in by_team.items():
         guarantee = guarantees.get(name, 0.0)
-        waiting = [(r, a, b) for r in mine for a, b in pending_intervals(r)]
-        held = [(s.start_s, s.end_s, r.gpus) for r in mine for s in r.segments]
-        times = sorted(
-            {t for a, b in ((w[1], w[2]) for w in waiting) for t in (a, b)}
-            | {t for start, end, _ in held for t in (start, end)}
-        )
-        for record, a, b in waiting:
-            age = (record.submit_s, record.job_id)
-            if a == b:  # started at once
-                out.setdefault(record.job_id, 0.0)
+        # (time, change): +units / -units held, or a wait that begins (record, its end).
+        held_changes: list[tuple[float, float]] = []
+        waits: list[tuple[float, JobRecord, float]] = []
+        for record in mine:
+            for segment in record.segments:
+                held_changes += [(segment.start_s, record.gpus), (segment.end_s, -record.gpus)]
+            for begin, end in pending_intervals(record):
+                if begin == end:  # started at once
+                    out.setdefault(record.job_id, 0.0)
+                else:
+                    waits.append((begin, record, end))
+        times = sorted({t for t, _ in held_changes} | {w[0] for w in waits} | {w[2] for w in waits})
+        held_changes.sort(key=lambda change: change[0])
+        waits.sort(key=lambda wait: wait[0])
+        queue: list[tuple[float, str, float, JobRecord]] = []  # (submit, id, wait end, record)
+        held = 0.0
+        next_change = next_wait = 0
+        headed: set[tuple[str, float]] = set()  # (job, wait end) already measured
+        for t in times:
+            while next_change < len(held_changes) and held_changes[next_change][0] <= t:
+                held += held_changes[next_change][1]
+                next_change += 1
+            while next_wait < len(waits) and waits[next_wait][0] <= t:
+                begin, record, end = waits[next_wait]
+                heapq.heappush(queue, (record.submit_s, record.job_id, end, record))
+                next_wait += 1
+            while queue and queue[0][2] <= t:  # started by now
+                heapq.heappop(queue)
+            if not queue:
                 continue
-            for h in (t for t in times if a <= t < b):
-                older = any(
-                    (other.submit_s, other.job_id) < age and oa <= h < ob
-                    for other, oa, ob in waiting
-                )
-                holds = sum(units for start, end, units in held if start <= h < end)
-                if not older and holds + record.gpus <= guarantee + _EPSILON:
-                    out[record.job_id] = max(out.get(record.job_id, 0.0), b - h)
-                    break
+            _, job_id, end, record = queue[0]
+            if (job_id, end) not in headed and held + record.gpus <= guarantee + _EPSILON:
+                headed.add((job_id, end))
+                out[job_id] = max(out.get(job_id, 0.0), end - t)
     return out
 
 
