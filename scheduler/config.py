@@ -52,8 +52,8 @@ class SchedulerConfig:
     # Fair share: usage half-life in seconds (7 days).
     usage_half_life_s: float = 7 * 24 * 3600.0
     # Aging: a waiting job's standing (a fair-share factor in (0, 1]) improves by this much
-    # per hour waited, so nothing starves: within a class, a job that waited 2 / aging_per_hour
-    # hours longer than another goes first (1000 h with 0.002; see docs/scheduling.md).
+    # per hour waited: within a class, a job that waited 2 / aging_per_hour hours longer than
+    # another goes first (1000 h with 0.002). The bound on waits is ``max_wait_s``.
     # Stronger aging turns long queues into FIFO and undoes fair share: on the Philly trace
     # 0.05 gave jain_waiting 0.86-0.87, 0.002 gave 0.95-0.97.
     aging_per_hour: float = 0.002

@@ -19,15 +19,12 @@ class in two rounds (jobs within their team's guarantee first, then the rest), e
 one ``FairQueue``; a job that fits nowhere preempts when a rule lets it, else reserves.
 The FIFO baselines answer the same questions in ``scheduler.baselines``.
 
-Starvation bound: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer
-than another job of its class and round (1,000 h, about six weeks, with the default 0.002)
-is considered before it, whatever the teams' usage (one hour-budget of the bound for the
-team level, one for the user level). Once a job leads its class it gets the backfill
-reservation, so it starts at the latest when the running jobs on the reserved slices reach
-their time limits, unless jobs of a higher class keep arriving or work within other teams'
-guarantees (bounded by those guarantees) takes the capacity. The bound is long on purpose:
-strong aging turns a long queue into FIFO and undoes fair share (a job waits longest when
-its team is above its share, which is fair).
+Aging: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer than
+another job of its class and round (1,000 h with the default 0.002) is considered before
+it, whatever the teams' usage. That is long on purpose: strong aging turns a long queue into
+FIFO and undoes fair share. The bound a user can rely on is ``max_wait_s``: jobs queued that
+long go first, before every class and round, oldest first, each with a reservation of its own
+(``starving_jobs``; docs/scheduling.md#starvation).
 """
 
 from __future__ import annotations
