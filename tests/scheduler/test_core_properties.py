@@ -156,6 +156,8 @@ configs = st.builds(
     preempt_by_priority=st.booleans(),
     clamp_priority=st.booleans(),
     max_reservations=st.integers(0, 2),
+    # Jobs submitted 1,000 to 10,000 s before now: some starving at 3,000 s, none at a week.
+    max_wait_s=st.sampled_from([None, 7 * 86400.0, 3000.0]),
 )
 
 # Examples and seeds come from the profile (tests/conftest.py): `ci` (fixed), `deep` (hunting).
