@@ -10,9 +10,10 @@
     scripts/make_traces.py (tests/fixtures/trace_*.csv) on 64 GPUs, each with its targets.
     `make bench` replays Philly with fairshare and private on both sizes and FIFO + backfill
     on 512 GPUs; `make bench-full` (--full) adds the slowest baselines: FIFO + backfill on
-    400 GPUs and plain FIFO on both.
+    400 GPUs and plain FIFO on both;
+(d) ETA calibration and the starvation bounds on a slice of the Philly trace (bench/eta.py).
 
-Options: --full, --skip-philly, --skip-traces, --skip-db, --philly-trace PATH,
+Options: --full, --skip-philly, --skip-traces, --skip-db, --skip-eta, --philly-trace PATH,
 --philly-limit-jobs N, --gpus 512,400, --workers N, --core-repeats N, --out PATH.
 """
 
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-db", action="store_true")
     parser.add_argument("--workers", type=int, help="replays at once (default: the cores)")
+    parser.add_argument("--skip-eta", action="store_true")
     parser.add_argument("--core-repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args(argv)
@@ -137,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         print(philly.render_tables(results["traces"]))
         results["trace_targets"] = philly.trace_targets(results["traces"])
         print(philly.render_targets(results["trace_targets"]), flush=True)
+
+    # (d) ETA calibration and the starvation bounds: bench/eta.py owns the figures.
+    if args.skip_eta:
+        results["eta"] = None
+    else:
+        from bench import eta
+
+        print("\n== (d) ETA calibration and starvation bounds ==", flush=True)
+        results["eta"] = eta.calibration(args.philly_trace)
+        print(eta.render_calibration(results["eta"]), flush=True)
 
     results["wall_s"] = round(time.monotonic() - started, 1)
     # Other benchmarks' keys (`make bench-api` writes "api") stay as they were.

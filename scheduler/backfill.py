@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.cluster import FreeIndex, Placement, Pool
@@ -242,9 +242,18 @@ class Estimator:
     """Earliest times a request could fit, from the free state at the end of a pass."""
 
     def __init__(
-        self, index: FreeIndex, timeline: Timeline, now: float, *, remember: bool = True
+        self,
+        index: FreeIndex,
+        timeline: Timeline,
+        now: float,
+        *,
+        remember: bool = True,
+        set_aside: Mapping[tuple[Pool, int], int] | None = None,
     ) -> None:
+        """``set_aside``: slices out of ``index`` that count as free all the same, per pool
+        and node (a reservation's, for the band of ``scheduler.eta``)."""
         self._index = index
+        self._set_aside = set_aside or {}
         self._timeline = timeline
         self._now = now
         # The levels of each pool, once computed (``Cache.ESTIMATES``).
@@ -284,10 +293,15 @@ class Estimator:
 
     def _free_counts(self, pool: Pool) -> dict[int, int]:
         index = self._index
+        counts: dict[int, int]
         if pool[0] is not SliceKind.MPS:
             buckets = index.buckets.get(pool)
-            return dict(buckets.count) if buckets is not None else {}
-        counts: dict[int, int] = {}
+            counts = dict(buckets.count) if buckets is not None else {}
+            for (kept_pool, node), kept in self._set_aside.items():
+                if kept_pool == pool:
+                    counts[node] = counts.get(node, 0) + kept
+            return counts
+        counts = {}
         for (node, _gpu), free in index.gpu_free.items():
             if free and index.shape.slice_pool[next(iter(free))] == pool:
                 counts[node] = counts.get(node, 0) + len(free)

@@ -52,8 +52,8 @@ class SchedulerConfig:
     # Fair share: usage half-life in seconds (7 days).
     usage_half_life_s: float = 7 * 24 * 3600.0
     # Aging: a waiting job's standing (a fair-share factor in (0, 1]) improves by this much
-    # per hour waited, so nothing starves: within a class, a job that waited 2 / aging_per_hour
-    # hours longer than another goes first (1000 h with 0.002; see docs/scheduling.md).
+    # per hour waited: within a class, a job that waited 2 / aging_per_hour hours longer than
+    # another goes first (1000 h with 0.002). The bound on waits is ``max_wait_s``.
     # Stronger aging turns long queues into FIFO and undoes fair share: on the Philly trace
     # 0.05 gave jain_waiting 0.86-0.87, 0.002 gave 0.95-0.97.
     aging_per_hour: float = 0.002
@@ -84,6 +84,12 @@ class SchedulerConfig:
     # (1 = EASY backfill; 0 = backfill without protection, like ``backfill=False`` only
     # greedier).
     max_reservations: int = 1
+    # The bound on any job's wait: a job queued this long (seconds since ``queued_since``)
+    # is *starving*; starving jobs go before every class and round, oldest first, and each
+    # that does not fit gets a reservation of its own (beyond ``max_reservations``, whether
+    # or not ``backfill`` is on), so it starts at the latest when the jobs on its reserved
+    # slices reach their time limits (docs/scheduling.md#starvation). None: no such bound.
+    max_wait_s: float | None = 7 * 24 * 3600.0
     # The memoisation a pass may use (all by default). Only tests and the benchmark switch
     # caches off, to check that no decision depends on them and to measure what each gains.
     caches: frozenset[Cache] = ALL_CACHES
@@ -106,6 +112,9 @@ class SchedulerConfig:
         )
         _check(self.history_weight >= 0, "history_weight", "a number >= 0")
         _check(self.max_reservations >= 0, "max_reservations", "an integer >= 0")
+        _check(
+            self.max_wait_s is None or self.max_wait_s >= 0, "max_wait_s", "None or a number >= 0"
+        )
         _check(
             all(isinstance(name, Cache) for name in self.caches),
             "caches",

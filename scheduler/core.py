@@ -148,6 +148,7 @@ class Cycle:
         # reservation from a long-waiting job that borrows.
         self.round_reservations = [0, 0]
         self.first_round = False
+        self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         self.under_guarantee: set[str] = set()  # teams with pending work, under guarantee
         # The teams whose jobs may still change a decision: None = all; SETTLED = none, and
@@ -348,12 +349,14 @@ class Cycle:
         self.check_settled()
         return True
 
-    def reserve(self, c: Candidate) -> bool:
-        """Give ``c`` a backfill reservation if its round kind has one left."""
+    def reserve(self, c: Candidate, *, starving: bool = False) -> bool:
+        """Give ``c`` a backfill reservation if its round kind has one left (a starving job
+        always gets one)."""
         made = self.round_reservations
-        if made[self.first_round] >= self.config.max_reservations:
-            return False
-        made[self.first_round] += 1
+        if not starving:
+            if made[self.first_round] >= self.config.max_reservations:
+                return False
+            made[self.first_round] += 1
         job = c.job
         reservation = reserve(
             self.index,
@@ -455,6 +458,9 @@ class Cycle:
             placed_teams=self.placed_teams,
             memo=self.memo,
             arrays=self.arrays,
+            run_times=self.snapshot.run_times,
+            assigned=self.assign,
+            reservations=self.reservations,
         )
         return Decisions(
             assign=tuple(self.assign),

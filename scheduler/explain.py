@@ -23,10 +23,22 @@ from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Estimator, Reservation, Timeline
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import Cache, SchedulerConfig
+from scheduler.eta import QueuePlan, later
 from scheduler.memo import PassMemo, Releases, Verdict
-from scheduler.model import Job, Pending, PendingCode, Reason, SliceKind
+from scheduler.model import (
+    NO_RUN_TIMES,
+    Assign,
+    Job,
+    Pending,
+    PendingCode,
+    Reason,
+    RunTimes,
+    Slice,
+    SliceKind,
+)
 from scheduler.order import Candidate, FairShare, leading_teams
 from scheduler.quota import EPS, Blocked, Held, Numbers
+from scheduler.runtimes import end_band, run_band
 
 _Known = tuple[Reason, float | None]  # an explained reason and estimated start
 # A job placed in this pass: its units, and when it ends at the latest (None: unknown).
@@ -114,6 +126,9 @@ class Explainer:
         placed_teams: set[str],
         memo: PassMemo,
         arrays: ArrayThrottle,
+        run_times: RunTimes = NO_RUN_TIMES,
+        assigned: Sequence[Assign] = (),
+        reservations: Sequence[Reservation] = (),
     ) -> None:
         self._explain = config.explain
         self._caches = config.caches
@@ -131,6 +146,9 @@ class Explainer:
         # among the others, for a team's FAIR_SHARE numbers, is the first that is not it.
         self._leaders = leading_teams(fair, placed_teams, 2) if config.explain else []
         self._by_team_ends: dict[str, list[tuple[float, float, str]]] = {}
+        self._run_times = run_times
+        self._assigned = assigned  # the Assign of each placed job, in the order of ``placed``
+        self._reservations = reservations
 
     def pending(self, entries: Iterable[Left]) -> list[Pending]:
         """``entries`` in their final order (position 1 first)."""
@@ -146,7 +164,7 @@ class Explainer:
             if explain
             else None
         )
-        pending: list[Pending] = []
+        explained: list[tuple[Left, Reason, float | None]] = []
         # Jobs alike in what explains them share one reason and estimate (a long queue has
         # many: same team, same request, same verdict).
         alike: dict[tuple[object, ...], _Known] | None = (
@@ -154,18 +172,20 @@ class Explainer:
         )
         etas = self._etas
         shared = Cache.SHARED_VERDICTS in self._caches
+        bare: list[Pending] = []  # with explanations off
         for position, entry in enumerate(entries, start=1):
             # Most of a long queue took a remembered verdict that an alike job explained.
             verdict = entry.verdict
-            if verdict is not None and verdict.explained is not None:
+            if explain and verdict is not None and verdict.explained is not None:
                 reason, eta = verdict.explained
                 etas[entry.job.id] = eta
-                pending.append(Pending(entry.job.id, reason, position, eta))
+                explained.append((entry, reason, eta))
                 continue
             c = entry.candidate
             if not explain:
-                reason, eta = BARE_REASONS[entry.code], entry.eta
-            elif c is None and not entry.eta_known:
+                bare.append(Pending(entry.job.id, BARE_REASONS[entry.code], position, entry.eta))
+                continue
+            if c is None and not entry.eta_known:
                 # Parked jobs: the reason is all there is, alike for alike numbers (and for
                 # NO_MATCHING_SLICES the same request).
                 what = _request_text(entry.job) if entry.code is NO_MATCHING else ""
@@ -194,8 +214,120 @@ class Explainer:
                     verdict.explained = known
                 reason, eta = known
             etas[entry.job.id] = eta
-            pending.append(Pending(entry.job.id, reason, position, eta))
+            explained.append((entry, reason, eta))
+        if not explain:
+            return bare
+        assert estimator is not None
+        return self._with_bands(explained, estimator)
+
+    # -- the band: earliest, likely, latest (``scheduler.eta``) ---------------------------------
+
+    def _with_bands(
+        self, explained: Sequence[tuple[Left, Reason, float | None]], estimator: Estimator
+    ) -> list[Pending]:
+        """The pending decisions, each with its estimate as a band. The estimate found above
+        (from the time limits, ignoring the jobs ahead) is the floor of the latest start;
+        the likely and latest starts book the queue ahead in order (``scheduler.eta``), and
+        the earliest is when the request first fits on the earliest ends."""
+        now = self._now
+        history = self._run_times
+        lines = self._timelines()
+        free_now = dict(self._index.pool_free_total)
+        pool_of = self._index.shape.slice_pool
+        node_of = self._index.shape.slice_node
+        set_aside: dict[tuple[Pool, int], int] = {}
+        for reservation in self._reservations:
+            for item in reservation.set_aside:  # free, kept for the job that reserved them
+                pool = pool_of[item.id]
+                free_now[pool] = free_now.get(pool, 0) + 1
+                key = (pool, node_of[item.id])
+                set_aside[key] = set_aside.get(key, 0) + 1
+        remember = Cache.ESTIMATES in self._caches
+        fits: dict[int, Estimator] = {id(self._timeline): estimator}
+        for line in lines:
+            if id(line) not in fits:
+                fits[id(line)] = Estimator(self._index, line, now, remember=remember)
+        early_fit, likely_fit, latest_fit = (fits[id(line)] for line in lines)
+        # A job holding a reservation may count the slices set aside for it as free.
+        reserved_fit = Estimator(self._index, lines[0], now, remember=remember, set_aside=set_aside)
+        known_history = lines[0] is not self._timeline
+        likely_plan = QueuePlan(lines[1], free_now, now)
+        same = lines[2] is lines[1]
+        latest_plan = likely_plan if same else QueuePlan(lines[2], free_now, now)
+        pending: list[Pending] = []
+        for position, (entry, reason, eta) in enumerate(explained, start=1):
+            c = entry.candidate
+            code = entry.code
+            if c is None or code in _NO_ESTIMATE or code is PendingCode.WAITING_FOR_PREEMPTION:
+                pending.append(Pending(entry.job.id, reason, position, eta, eta, eta))
+                continue
+            if code in _HELD_BACK and eta is None:
+                pending.append(Pending(entry.job.id, reason, position, None, None, None))
+                continue
+            job = c.job
+            pools, need, spread = c.pools, c.minimum, job.request.multi_node
+            held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
+            not_before = now if held_back is None else held_back
+            if known_history:
+                _, run_likely, run_latest = run_band(job, history)
+            else:
+                run_likely = run_latest = job.time_limit_s
+            likely = likely_plan.book(pools, need, run_likely, not_before)
+            if same and run_latest == run_likely:
+                latest = likely
+            else:
+                latest = latest_plan.book(pools, need, run_latest, not_before)
+            if code is PendingCode.RESERVED:
+                earliest = reserved_fit.earliest(pools, need, spread)
+                likely_fit_at = latest_fit_at = earliest
+            elif known_history:
+                earliest = early_fit.earliest(pools, need, spread)
+                likely_fit_at = likely_fit.earliest(pools, need, spread)
+                latest_fit_at = latest_fit.earliest(pools, need, spread)
+            else:  # one time line: one fit
+                earliest = likely_fit_at = latest_fit_at = early_fit.earliest(pools, need, spread)
+            if pools and pools[0][0] is SliceKind.MPS:  # (not planned: the earliest fit)
+                likely, latest = likely_fit_at, latest_fit_at
+            else:
+                likely = later(likely, likely_fit_at)
+                latest = later(latest, latest_fit_at)
+            if held_back is not None:
+                earliest = later(earliest, held_back)
+                likely = later(likely, held_back)
+            if code is PendingCode.RESERVED and eta is not None:
+                latest = max(eta, now)  # its slices are kept for it: it starts by then
+            elif latest is not None and eta is not None and eta > latest:
+                latest = eta
+            if likely is not None and latest is not None and likely > latest:
+                likely = latest
+            if earliest is not None and likely is not None and earliest > likely:
+                earliest = likely
+            pending.append(Pending(job.id, reason, position, likely, earliest, latest))
         return pending
+
+    def _timelines(self) -> tuple[Timeline, Timeline, Timeline]:
+        """The time lines of ends for the earliest, likely and latest estimates: the pass's
+        own (the time limits) when there is no history, else ends from
+        ``scheduler.runtimes``."""
+        history = self._run_times
+        if not (history.by_user or history.by_team or history.by_shape):
+            return self._timeline, self._timeline, self._timeline
+        now = self._now
+        ends: tuple[list[tuple[float | None, Sequence[Slice]]], ...] = ([], [], [])
+        for run, slices, _, end in self._held:
+            if run.preempting_since is not None:
+                band: tuple[float | None, ...] = (end, end, end)  # the end of its grace
+            else:
+                band = end_band(run.job, run.started_at, now, history)
+            for line, at in zip(ends, band, strict=True):
+                line.append((at, slices))
+        by_id = self._index.shape.slice_by_id
+        for (job, _, _), assign in zip(self._placed, self._assigned, strict=True):
+            taken = [by_id[i] for i in assign.slice_ids]
+            for line, run_s in zip(ends, run_band(job, history), strict=True):
+                line.append((None if run_s is None else now + run_s, taken))
+        early, likely, latest = (Timeline(self._index, line) for line in ends)
+        return early, likely, latest
 
     def _explain_one(self, entry: Left, estimator: Estimator | None) -> _Known:
         """The reason (with end-of-pass numbers) and estimated start of one pending job."""
@@ -331,6 +463,13 @@ def _cumulative(releases: list[tuple[float, float, str]]) -> Releases:
 
 
 # --- reasons -------------------------------------------------------------------------------
+
+# Codes with no estimate at all (the job cannot start until a person acts).
+_NO_ESTIMATE = frozenset({PendingCode.BUDGET_EXHAUSTED, PendingCode.PRIORITY_NOT_ALLOWED})
+# Codes held back by more than capacity: the estimate from the time limits is a floor.
+_HELD_BACK = frozenset(
+    {PendingCode.QUOTA_LIMIT, PendingCode.MEMBER_LIMIT, PendingCode.ARRAY_THROTTLE}
+)
 
 # With explanations off a reason is its code alone: one immutable object per code.
 BARE_REASONS: Mapping[PendingCode, Reason] = MappingProxyType(

@@ -162,6 +162,34 @@ class Team:
         return self.member_limit is not None or bool(self.member_limits)
 
 
+@dataclass(frozen=True, slots=True)
+class RunTime:
+    """How long past jobs of one shape ran (seconds): count, 10th, 50th, 90th percentile."""
+
+    samples: int
+    p10_s: float
+    median_s: float
+    p90_s: float
+
+
+def _empty_run_times() -> Mapping[str, RunTime]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimes:
+    """Past run times by job shape (``scheduler.runtimes``), at three levels: the same user
+    and shape, the same team and shape, and the shape across teams. Estimates only: no
+    decision reads them."""
+
+    by_user: Mapping[str, RunTime] = field(default_factory=_empty_run_times)
+    by_team: Mapping[str, RunTime] = field(default_factory=_empty_run_times)
+    by_shape: Mapping[str, RunTime] = field(default_factory=_empty_run_times)
+
+
+NO_RUN_TIMES = RunTimes()
+
+
 def _empty_usage() -> Mapping[tuple[str, str], float]:
     return MappingProxyType({})
 
@@ -190,6 +218,10 @@ class Snapshot:
     # once (``max_running``). The members holding slices now are the running jobs whose
     # ``Job.array`` is that array; an array missing here has no throttle.
     array_limits: Mapping[str, int] = field(default_factory=_empty_array_limits)
+    # How long past jobs of each shape ran (``scheduler.runtimes``): for start estimates of
+    # jobs behind running jobs without a time limit, or whose limits overestimate. Estimates
+    # only; no decision depends on it.
+    run_times: RunTimes = NO_RUN_TIMES
 
 
 # --- decisions -------------------------------------------------------------------------
@@ -242,6 +274,10 @@ class Pending:
     reason: Reason
     position: int  # 1-based place in the order of pending jobs
     eta: float | None = None  # estimated start, same clock as ``now``; None when unknown
+    # The band around ``eta``: the earliest and latest it is expected to start (None when
+    # unknown; the latest is unknown when some end it waits for is).
+    eta_earliest: float | None = None
+    eta_latest: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

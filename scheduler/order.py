@@ -19,15 +19,12 @@ class in two rounds (jobs within their team's guarantee first, then the rest), e
 one ``FairQueue``; a job that fits nowhere preempts when a rule lets it, else reserves.
 The FIFO baselines answer the same questions in ``scheduler.baselines``.
 
-Starvation bound: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer
-than another job of its class and round (1,000 h, about six weeks, with the default 0.002)
-is considered before it, whatever the teams' usage (one hour-budget of the bound for the
-team level, one for the user level). Once a job leads its class it gets the backfill
-reservation, so it starts at the latest when the running jobs on the reserved slices reach
-their time limits, unless jobs of a higher class keep arriving or work within other teams'
-guarantees (bounded by those guarantees) takes the capacity. The bound is long on purpose:
-strong aging turns a long queue into FIFO and undoes fair share (a job waits longest when
-its team is above its share, which is fair).
+Aging: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer than
+another job of its class and round (1,000 h with the default 0.002) is considered before
+it, whatever the teams' usage. That is long on purpose: strong aging turns a long queue into
+FIFO and undoes fair share. The bound a user can rely on is ``max_wait_s``: jobs queued that
+long go first, before every class and round, oldest first, each with a reservation of its own
+(``starving_jobs``; docs/scheduling.md#starvation).
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -334,10 +331,17 @@ def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tup
 class Ordered:
     """The candidates of one round in order: a fair queue, or a fixed list (submit order)."""
 
-    def __init__(self, group: Sequence[Candidate], queue: FairQueue[Candidate] | None) -> None:
+    def __init__(
+        self,
+        group: Sequence[Candidate],
+        queue: FairQueue[Candidate] | None,
+        *,
+        record: Callable[[Candidate], None] | None = None,
+    ) -> None:
         self._group = group
         self._queue = queue
         self._yielded = 0
+        self._record = record  # told each candidate of a fixed list as it is yielded
 
     def __iter__(self) -> Iterator[Candidate]:
         if self._queue is not None:
@@ -345,8 +349,11 @@ class Ordered:
         return self._fixed()
 
     def _fixed(self) -> Iterator[Candidate]:
+        record = self._record
         for c in self._group:
             self._yielded += 1
+            if record is not None:
+                record(c)
             yield c
 
     def keep_teams(self, teams: Set[str]) -> list[Candidate]:
@@ -388,6 +395,15 @@ class FairShareRules:
                 group = by_rank[c.rank] = []
             group.append(c)
         cycle.fair = self._standing(cycle, by_rank.values())
+        starving = starving_jobs(candidates, cycle.now, self._config.max_wait_s)
+        if starving:
+            # Jobs past the maximum wait go first, oldest first, each with a reservation.
+            cycle.starving = True
+            yield starving
+            cycle.starving = False
+            chosen = {id(c) for c in starving}
+            for rank, group in by_rank.items():
+                by_rank[rank] = [c for c in group if id(c) not in chosen]
         for rank in sorted(by_rank, reverse=True):
             yield from self._phases(cycle, by_rank[rank])
 
@@ -448,6 +464,10 @@ class FairShareRules:
 
     def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
         journal = cycle.fair.journal
+        if cycle.starving:  # (already oldest first)
+            if journal is None:
+                return Ordered(jobs, None)
+            return Ordered(jobs, None, record=self._journal_starving(cycle, journal))
         if journal is not None and jobs:
             journal.rounds.append((len(journal.yielded), jobs[0].rank, cycle.first_round))
         queue = FairQueue(
@@ -459,7 +479,40 @@ class FairShareRules:
         )
         return Ordered(jobs, queue)
 
+    def _journal_starving(self, cycle: Cycle, journal: Journal) -> Callable[[Candidate], None]:
+        """Records the jobs past the maximum wait in the journal as they are yielded, as a
+        fair queue records its own (each in its class, outside the first round, with the
+        age boost it has), so the standing's report has their parts too."""
+        aging = self._config.aging_per_hour / 3600.0
+        now = cycle.now
+
+        def record(c: Candidate) -> None:
+            queued = _queued(c.job)
+            journal.rounds.append((len(journal.yielded), c.rank, False))
+            boost = aging * (now - queued) if now > queued else 0.0
+            journal.yielded.append((boost, age_key(c.job), c))
+
+        return record
+
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
         if cycle.preempt_for(c):
             return True
+        if cycle.starving:
+            return cycle.reserve(c, starving=True)
         return self._config.backfill and cycle.reserve(c)
+
+
+def starving_jobs(
+    candidates: Iterable[Candidate], now: float, max_wait_s: float | None
+) -> list[Candidate]:
+    """The candidates queued ``max_wait_s`` or longer, oldest first (``age_key``)."""
+    if max_wait_s is None:
+        return []
+    since = now - max_wait_s
+    found = [c for c in candidates if _queued(c.job) <= since]
+    found.sort(key=lambda c: age_key(c.job))
+    return found
+
+
+def _queued(job: Job) -> float:
+    return job.queued_since if job.queued_since is not None else job.submitted_at

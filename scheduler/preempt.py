@@ -147,11 +147,16 @@ class Preemption:
         }
         top = max((classes.get(j.priority, 0) for j in self._pending), default=0)
         oldest = self._now - config.min_run_time_s
+        max_wait = config.max_wait_s
         out = []
         for run, held, units, _ in self._held:
             rank = classes.get(run.job.priority, 0)
             if run.preempting_since is None:
                 if not run.job.preemptible or run.started_at > oldest:
+                    continue
+                if max_wait is not None and _waited(run) >= max_wait:
+                    # It started past the maximum wait: taking it back would requeue a job
+                    # that goes first again (a loop) and void the bound.
                     continue
                 by_reclaim = (
                     config.reclaim
@@ -289,3 +294,10 @@ class Preemptor:
                     by_node.setdefault(node_of[item.id], []).append(item)
         claimed = self.claim_soon([pool], team, need) or []
         return Choice(victims, claimed)
+
+
+def _waited(run: RunningJob) -> float:
+    """How long a running job had queued when it started (since ``queued_since``)."""
+    job = run.job
+    queued = job.queued_since if job.queued_since is not None else job.submitted_at
+    return run.started_at - queued

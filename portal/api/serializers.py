@@ -7,6 +7,7 @@ accept exactly the same things).
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -120,12 +121,32 @@ class GpuSerializer(serializers.Serializer):
         return job.gpu_min_count or None
 
 
+class StartBandSerializer(serializers.Serializer):
+    """The band around an estimated start (docs/scheduling.md, Estimates); null: unknown."""
+
+    earliest = serializers.DateTimeField(allow_null=True)
+    likely = serializers.DateTimeField(allow_null=True, help_text="= estimated_start_at")
+    latest = serializers.DateTimeField(allow_null=True)
+
+
+def start_band_of(
+    earliest: datetime | None, likely: datetime | None, latest: datetime | None
+) -> dict[str, datetime | None] | None:
+    """The band as the API shows it; None when nothing at all is known."""
+    if earliest is None and likely is None and latest is None:
+        return None
+    return {"earliest": earliest, "likely": likely, "latest": latest}
+
+
 class PendingSerializer(serializers.Serializer):
     code = serializers.CharField(allow_null=True)
     message = serializers.CharField()
     numbers = serializers.DictField()
     position = serializers.IntegerField(allow_null=True)
     estimated_start_at = serializers.DateTimeField(allow_null=True)
+    estimated_start_band = StartBandSerializer(
+        allow_null=True, help_text="earliest, likely and latest start; null: unknown"
+    )
 
 
 def pending_of(job: Job) -> dict[str, Any] | None:
@@ -138,6 +159,9 @@ def pending_of(job: Job) -> dict[str, Any] | None:
         "numbers": job.pending_numbers or {},
         "position": job.queue_position,
         "estimated_start_at": job.estimated_start_at,
+        "estimated_start_band": start_band_of(
+            job.estimated_start_earliest_at, job.estimated_start_at, job.estimated_start_latest_at
+        ),
     }
 
 

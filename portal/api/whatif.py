@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from portal.api.auth import READ
-from portal.api.serializers import JobSubmitSerializer
+from portal.api.serializers import JobSubmitSerializer, StartBandSerializer, start_band_of
 from portal.api.views import ERRORS, PortalAPIView
 from portal.jobs.validation import validate_job_request
 from portal.scheduling.whatif import WhatIf, what_if
@@ -93,9 +93,8 @@ class WhatIfSerializer(serializers.Serializer):
     estimated_start_at = serializers.DateTimeField(
         allow_null=True, help_text="now when it starts now; null: unknown"
     )
-    estimated_start_band = serializers.JSONField(
-        allow_null=True,
-        help_text="always null: the scheduler gives one estimate, not a range",
+    estimated_start_band = StartBandSerializer(
+        allow_null=True, help_text="earliest, likely and latest start; null: unknown"
     )
     reason = WhatIfReasonSerializer(allow_null=True, help_text="why it would wait; else null")
     fails = serializers.CharField(help_text="why it would fail at once; empty otherwise")
@@ -137,7 +136,11 @@ def what_if_data(answer: WhatIf) -> dict[str, Any]:
         "slice_ids": list(answer.slice_ids),
         "queue_position": answer.position,
         "estimated_start_at": answer.start_at,
-        "estimated_start_band": None,
+        "estimated_start_band": (
+            start_band_of(answer.start_band[0], answer.start_at, answer.start_band[1])
+            if answer.start_band is not None
+            else None
+        ),
         "reason": (
             {
                 "code": answer.reason_code,

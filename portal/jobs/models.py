@@ -116,7 +116,10 @@ class Job(models.Model):
     pending_message = models.TextField(blank=True)
     pending_numbers = models.JSONField(default=dict, blank=True)
     queue_position = models.PositiveIntegerField(null=True, blank=True)
-    estimated_start_at = models.DateTimeField(null=True, blank=True)
+    estimated_start_at = models.DateTimeField(null=True, blank=True)  # the likely start
+    # The band around it (scheduler.eta): the earliest and latest expected start.
+    estimated_start_earliest_at = models.DateTimeField(null=True, blank=True)
+    estimated_start_latest_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]

@@ -49,6 +49,8 @@ _CLEARED_EXPLANATION = {
     "pending_numbers": {},
     "queue_position": None,
     "estimated_start_at": None,
+    "estimated_start_earliest_at": None,
+    "estimated_start_latest_at": None,
 }
 
 

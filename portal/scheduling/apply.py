@@ -43,26 +43,21 @@ _LOCK_CHUNK = 2_000
 
 # The columns a pass writes on every job it leaves pending: code, message, numbers, queue
 # position, estimated start.
-Explanation = tuple[str, str, dict[str, Any], int | None, datetime | None]
-_CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None)
-_ASSIGN_COLUMNS = (
-    "attempt",
-    "node",
-    "borrowed",
-    "assigned_at",
-    "pending_code",
-    "pending_message",
-    "pending_numbers",
-    "queue_position",
-    "estimated_start_at",
-)
+# code, message, numbers, position, and the estimated start: likely, earliest, latest.
+Explanation = tuple[
+    str, str, dict[str, Any], int | None, datetime | None, datetime | None, datetime | None
+]
+_CLEARED_EXPLANATION: Explanation = ("", "", {}, None, None, None, None)
 _EXPLANATION_COLUMNS = (
     "pending_code",
     "pending_message",
     "pending_numbers",
     "queue_position",
     "estimated_start_at",
+    "estimated_start_earliest_at",
+    "estimated_start_latest_at",
 )
+_ASSIGN_COLUMNS = ("attempt", "node", "borrowed", "assigned_at", *_EXPLANATION_COLUMNS)
 
 
 @dataclass(slots=True)
@@ -277,16 +272,21 @@ def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
 
 
 def explanation_of(decision: Pending) -> Explanation:
-    """The stored form of a Pending decision: code, message, numbers, position, estimate."""
-    eta = decision.eta
-    when = datetime.fromtimestamp(eta, tz=UTC) if eta is not None and math.isfinite(eta) else None
+    """The stored form of a Pending decision: code, message, numbers, position, and the
+    estimated start with its band (likely, earliest, latest)."""
     return (
         decision.reason.code.value,
         decision.reason.message,
         _json_numbers(decision.reason.numbers),
         max(decision.position, 0),
-        when,
+        _when(decision.eta),
+        _when(decision.eta_earliest),
+        _when(decision.eta_latest),
     )
+
+
+def _when(at: float | None) -> datetime | None:
+    return datetime.fromtimestamp(at, tz=UTC) if at is not None and math.isfinite(at) else None
 
 
 def _json_numbers(numbers: Mapping[str, float | str]) -> dict[str, Any]:

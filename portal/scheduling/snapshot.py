@@ -1,9 +1,10 @@
 """Load the core's ``Snapshot`` from the database in a fixed number of queries.
 
-Nine queries whatever the size of the cluster or the queue (a test pins the count): slices
+Ten queries whatever the size of the cluster or the queue (a test pins the count): slices
 with their GPU and node, teams, members with a limit of their own, usage balances, this
-month's GPU-hours, pending jobs, their dependencies, jobs holding slices, and active
-allocations. Rows are read with
+month's GPU-hours, pending jobs, their dependencies, jobs holding slices, active
+allocations, and the run times of recently finished jobs (``Snapshot.run_times``, for start
+estimates only: at most ``RUN_TIME_HISTORY_JOBS`` jobs of the last ``RUN_TIME_HISTORY_S``). Rows are read with
 ``values_list`` (no model instances) because a pass reads tens of thousands of them, and each
 row is unpacked into names in the order of its query's column tuple, never indexed. (Unpacking
 a plain tuple is the cheapest way to name its values; a NamedTuple per row made the load
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection
@@ -39,6 +40,7 @@ from scheduler.model import (
     DependencyState,
     GpuRequest,
     RunningJob,
+    RunTimes,
     SliceKind,
     Snapshot,
 )
@@ -46,6 +48,7 @@ from scheduler.model import Job as CoreJob
 from scheduler.model import Node as CoreNode
 from scheduler.model import Slice as CoreSlice
 from scheduler.model import Team as CoreTeam
+from scheduler.runtimes import run_times_from
 from scheduler.units import billed_units
 
 # Nodes the core sees: ready ones take work; drained ones still hold their running jobs'
@@ -65,8 +68,22 @@ def dependency_state(job_state: str) -> DependencyState:
     return _DEPENDENCY_STATE.get(job_state, DependencyState.WAITING)
 
 
+# Run-time history (scheduler.runtimes): the most recent finished jobs, of at most this age.
+RUN_TIME_HISTORY_JOBS = 5000
+RUN_TIME_HISTORY_S = 30 * 86400.0
+# A job that ended these ways ran for its real run time (a failure may be a crash at start,
+# a cancel a person's choice); one that timed out ran its whole limit.
+_FINISHED_RUNS = (JobState.SUCCEEDED, JobState.TIMED_OUT)
+
 _TIME_COLUMNS = frozenset(
-    {"submitted_at", "queued_since", "assigned_at", "started_at", "stop_requested_at"}
+    {
+        "submitted_at",
+        "queued_since",
+        "assigned_at",
+        "started_at",
+        "stop_requested_at",
+        "finished_at",
+    }
 )
 
 
@@ -183,6 +200,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
     depends_on, dependency_states = _load_dependencies()
     holding_rows = _job_rows(Job.objects.filter(state__in=HOLDING_STATES), _HOLDING_COLUMNS)
     allocations = _load_allocations(slice_model, config)
+    run_times = _load_run_times(at, team_names)
 
     jobs = _JobBuilder(team_names)
     usernames: dict[int, str] = {}
@@ -275,6 +293,7 @@ def load_snapshot(*, now: datetime, config: SchedulerConfig) -> LoadedSnapshot:
         user_usage=user_usage,
         dependency_states=dependency_states,
         array_limits=array_limits,
+        run_times=run_times,
     )
     return LoadedSnapshot(
         snapshot=snapshot,
@@ -341,6 +360,47 @@ def _load_allocations(
     return {held: (tuple(keys), tuple(nodes[held]), units[held]) for held, keys in slices.items()}
 
 
+_RUN_COLUMNS = (
+    "team_id",
+    "user__username",
+    "gpu_kind",
+    "gpu_count",
+    "gpu_profile",
+    "gpu_model",
+    "time_limit_s",
+    "started_at",
+    "finished_at",
+)
+
+
+def _load_run_times(at: float, team_names: Mapping[int, str]) -> RunTimes:
+    """How long the most recent finished jobs ran, by shape (one bounded query)."""
+    since = datetime.fromtimestamp(at - RUN_TIME_HISTORY_S, tz=UTC)
+    rows = _job_rows(
+        Job.objects.filter(
+            state__in=_FINISHED_RUNS, finished_at__gte=since, started_at__isnull=False
+        ),
+        _RUN_COLUMNS,
+        newest_first=True,
+        limit=RUN_TIME_HISTORY_JOBS,
+    )
+    finished = []
+    for team_id, username, kind, count, profile, model, limit, started, ended in rows:
+        team = team_names.get(team_id)
+        if team is None or ended is None:
+            continue
+        shape = CoreJob(
+            id="",
+            team=team,
+            user=username,
+            request=GpuRequest(kind=SliceKind(kind), count=count, profile=profile, model=model),
+            submitted_at=started,
+            time_limit_s=float(limit) if limit else None,
+        )
+        finished.append((shape, max(0.0, ended - started)))
+    return run_times_from(finished)
+
+
 def _load_dependencies() -> tuple[dict[int, tuple[Dependency, ...]], dict[str, DependencyState]]:
     depends_on: dict[int, list[Dependency]] = defaultdict(list)
     states: dict[str, DependencyState] = {}
@@ -355,16 +415,23 @@ def _load_dependencies() -> tuple[dict[int, tuple[Dependency, ...]], dict[str, D
     return {job_id: tuple(deps) for job_id, deps in depends_on.items()}, states
 
 
-def _job_rows(queryset: QuerySet[Job], columns: tuple[str, ...]) -> list[tuple[Any, ...]]:
-    """``values_list(*columns)`` ordered by pk, with the time columns as epoch floats."""
-    queryset = queryset.order_by("pk")
+def _job_rows(
+    queryset: QuerySet[Job],
+    columns: tuple[str, ...],
+    *,
+    newest_first: bool = False,
+    limit: int | None = None,
+) -> list[tuple[Any, ...]]:
+    """``values_list(*columns)`` ordered by pk (or newest first, at most ``limit`` rows),
+    with the time columns as epoch floats."""
+    queryset = queryset.order_by("-pk" if newest_first else "pk")
     if connection.vendor == "postgresql":
         epochs = {f"{name}_epoch": Epoch(name) for name in columns if name in _TIME_COLUMNS}
         names = [f"{name}_epoch" if name in _TIME_COLUMNS else name for name in columns]
-        return _fetch(queryset.annotate(**epochs).values_list(*names))
+        return _fetch(queryset.annotate(**epochs).values_list(*names)[:limit])
     times = [i for i, name in enumerate(columns) if name in _TIME_COLUMNS]
     rows = []
-    for row in queryset.values_list(*columns):
+    for row in queryset.values_list(*columns)[:limit]:
         values = list(row)
         for i in times:
             if values[i] is not None:

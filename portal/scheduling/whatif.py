@@ -25,8 +25,9 @@ seconds per process, for as long as no pass has run (``SchedulerState.passes``: 
 changes what is free) and no job was submitted (the newest job id) since. Other changes
 (a cancel, a node cordoned) are seen at the latest ``SNAPSHOT_TTL_S`` later.
 
-The core gives one estimated start (from the running jobs' time limits), not a range, so
-there is no band to show; ``None`` when it cannot tell.
+The core gives the estimated start as a band (``scheduler.eta``: earliest, likely, latest,
+from the running jobs' time limits and the run times of finished jobs of the same shape);
+each ``None`` when it cannot tell.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ class WhatIf:
     slice_ids: tuple[str, ...]  # the slices it gets now
     position: int | None  # 1 when it starts now; the core's place in the queue when it waits
     start_at: datetime | None  # now when it starts now; the core's estimate; None: unknown
+    # (earliest, latest) around ``start_at`` (scheduler.eta); None when nothing is known.
+    start_band: tuple[datetime | None, datetime | None] | None
     reason_code: str  # why it waits (a PendingCode); empty when it starts now or fails
     reason_message: str
     reason_numbers: dict[str, Any]
@@ -297,7 +300,9 @@ def _answer(
 
     victims = [p for p in decisions.preempt if p.for_job_id == CANDIDATE_ID]
     units_of = {run.job.id: units for run, _, units, _ in held}
-    code, message, numbers, position, start_at = _waiting(pending, assign, snapshot_at)
+    code, message, numbers, position, start_at, earliest, latest = _waiting(
+        pending, assign, snapshot_at
+    )
     return WhatIf(
         snapshot_at=snapshot_at,
         request=gpu,
@@ -309,6 +314,7 @@ def _answer(
         slice_ids=assign.slice_ids if assign is not None else (),
         position=position,
         start_at=start_at,
+        start_band=(earliest, latest) if start_at is not None or earliest is not None else None,
         reason_code=code,
         reason_message=message,
         reason_numbers=numbers,
@@ -342,9 +348,9 @@ def _team_assigned(
 def _waiting(pending: Pending | None, assign: Assign | None, snapshot_at: datetime) -> Explanation:
     """The reason's code, message and numbers, the position and the start."""
     if assign is not None:
-        return "", "", {}, 1, snapshot_at
+        return "", "", {}, 1, snapshot_at, snapshot_at, snapshot_at
     if pending is None:
-        return "", "", {}, None, None
+        return "", "", {}, None, None, None, None
     # The stored form of a Pending decision, exactly as a pass would write it.
     return explanation_of(pending)
 

@@ -69,6 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--progress", action="store_true", help="report the simulated time now and then (stderr)"
     )
     parser.add_argument(
+        "--hide-durations",
+        action="store_true",
+        help="time limits are the durations rounded up to 1 h / 4 h / 24 h / 7 d, as users "
+        "ask; the scheduler never sees true durations",
+    )
+    parser.add_argument(
+        "--etas",
+        action="store_true",
+        help="record each job's first start estimate and report the ETA error (slower: "
+        "passes with new jobs explain)",
+    )
+    parser.add_argument(
         "--no-sharing-check",
         action="store_true",
         help="skip the private-partition run that the sharing-incentive check needs",
@@ -99,6 +111,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         trace_name=str(args.trace),
         seed=args.seed,
         default_quota_nodes=args.default_quota_nodes,
+        hide_durations=args.hide_durations,
+        record_etas=args.etas,
     )
     if args.progress:
         scenario = replace(scenario, progress=_print_progress(time.perf_counter()))

@@ -10,31 +10,45 @@ checked (a slice given twice, a job assigned twice or a gang of the wrong size s
 replay with ``SimulationError``). It skips a pass only when no pass could change anything:
 nothing is pending, or no slice is free and no preemption rule can fire.
 
-Each trace job runs as a rigid gang with ``time_limit_s`` = its true duration, so the core's
-backfill reserves with exact run times (the best case for backfill, the same for every
-policy). A preempted job keeps running for the grace period, then stops, loses its work and
+Each trace job runs as a rigid gang. By default its ``time_limit_s`` is its true duration, so
+the core's backfill reserves with exact run times (the best case for backfill, the same for
+every policy). With ``hide_durations`` the limit is what a user would ask for instead: the
+duration rounded up to 1 h, 4 h, 24 h or 7 days (beyond, whole weeks), as production sees
+it: the core never learns a true duration, only the run times of finished jobs
+(``Snapshot.run_times``, in the passes that explain).
+
+With ``record_etas`` the replay also keeps, for every job, the start estimate of the first
+pass that left it pending: those passes run with explanations on (and a pass the replay
+would skip because it cannot change anything runs all the same, its decisions unused), so
+the decisions are exactly those of the replay without it. A preempted job keeps running for the grace period, then stops, loses its work and
 is requeued with its original ``queued_since``; it must run its full duration again.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+import math
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Protocol
 
 from scheduler.config import Policy, SchedulerConfig
 from scheduler.model import (
+    NO_RUN_TIMES,
     Decisions,
     GpuRequest,
     Job,
     Node,
     RunningJob,
+    RunTime,
+    RunTimes,
     SliceKind,
     Snapshot,
     Team,
 )
+from scheduler.runtimes import run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
 from scheduler.sim.records import JobRecord, Segment
 from scheduler.sim.trace import TraceJob
@@ -82,14 +96,43 @@ class SimResult:
     passes: int  # schedule() calls
     skipped: int  # instants with pending work where no pass could change anything
     ticks: int  # instants added only because a rule needed time to pass
+    # job id -> the estimate of its first pending pass (``record_etas``; else empty).
+    etas: Mapping[str, Estimate] = field(default_factory=dict)
 
     @property
     def unfinished(self) -> tuple[JobRecord, ...]:
         return tuple(r for r in self.records if not r.finished)
 
 
-def core_job(trace: TraceJob, gpus_per_node: int, user: str) -> Job:
-    """The core's view of a trace job: a rigid gang, time limit = true duration."""
+# The time limits a user picks from when the true duration is hidden (``hide_durations``).
+LIMIT_STEPS_S = (3600.0, 4 * 3600.0, 24 * 3600.0, 7 * 86400.0)
+
+
+def user_limit(duration_s: float) -> float:
+    """A user-style time limit for a job that runs ``duration_s``: the duration rounded up to
+    1 h, 4 h, 24 h or 7 days, and beyond 7 days to whole weeks."""
+    for step in LIMIT_STEPS_S:
+        if duration_s <= step:
+            return step
+    week = LIMIT_STEPS_S[-1]
+    return week * math.ceil(duration_s / week)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The start estimate of a job's first pending pass (``record_etas``)."""
+
+    at_s: float  # the pass
+    earliest_s: float | None
+    likely_s: float | None
+    latest_s: float | None
+
+
+def core_job(
+    trace: TraceJob, gpus_per_node: int, user: str, *, hide_durations: bool = False
+) -> Job:
+    """The core's view of a trace job: a rigid gang, time limit = true duration (or, with
+    ``hide_durations``, the user-style limit above it)."""
     kind = SliceKind.MIG if trace.mig_profile else SliceKind.WHOLE
     request = GpuRequest(
         kind=kind,
@@ -103,7 +146,7 @@ def core_job(trace: TraceJob, gpus_per_node: int, user: str) -> Job:
         user=user,
         request=request,
         submitted_at=trace.submit_s,
-        time_limit_s=trace.duration_s,
+        time_limit_s=user_limit(trace.duration_s) if hide_durations else trace.duration_s,
         queued_since=trace.submit_s,
     )
 
@@ -149,6 +192,8 @@ class Replay:
         schedule: ScheduleFn,
         gpus_per_node: int = 8,
         progress: ProgressFn | None = None,
+        hide_durations: bool = False,
+        record_etas: bool = False,
     ) -> None:
         missing = sorted({j.tenant for j in jobs} - set(teams))
         if missing:
@@ -169,10 +214,17 @@ class Replay:
         self._arrivals = fitting
         self._live = {
             j.id: _LiveJob(
-                j, core_job(j, gpus_per_node, j.user or j.tenant), job_units(j), job_units(j)
+                j,
+                core_job(j, gpus_per_node, j.user or j.tenant, hide_durations=hide_durations),
+                job_units(j),
+                job_units(j),
             )
             for j in fitting
         }
+        self._record_etas = record_etas
+        self._etas: dict[str, Estimate] = {}
+        self._unseen: set[str] = set()  # arrived, never yet left pending by a pass
+        self._history = _History()
         self._pending: dict[str, Job] = {}
         self._running: dict[str, RunningJob] = {}
         self._owner: dict[str, str] = {}  # slice id -> job id
@@ -258,6 +310,8 @@ class Replay:
             if attempt == live.attempt and job_id in self._running:
                 self._release(job_id, now, preempted=False)
                 self._finished += 1
+                if self._record_etas:
+                    self._history.add(live.job, live.trace.duration_s)
 
     def _stop_victims(self, now: float) -> None:
         while self._stops and self._stops[0][0] <= now:
@@ -268,7 +322,10 @@ class Replay:
 
     def _admit_arrivals(self, now: float, next_arrival: int) -> int:
         while next_arrival < len(self._arrivals) and self._arrivals[next_arrival].submit_s <= now:
-            self._enqueue(self._live[self._arrivals[next_arrival].id].job)
+            arrived = self._live[self._arrivals[next_arrival].id].job
+            self._enqueue(arrived)
+            if self._record_etas:
+                self._unseen.add(arrived.id)
             next_arrival += 1
         return next_arrival
 
@@ -281,20 +338,40 @@ class Replay:
     def _pass(self, now: float) -> None:
         if not self._pending:
             return
-        if len(self._owner) == len(self._slice_units) and not self._preemption_possible():
+        explain = self._record_etas and bool(self._unseen)
+        skip = len(self._owner) == len(self._slice_units) and not self._preemption_possible()
+        if skip:
             self._skipped += 1
-            return
+            if not explain:
+                return
         snapshot = Snapshot(
             nodes=self._nodes,
             teams=self._snapshot_teams(),
             pending=tuple(self._pending.values()),
             running=tuple(self._running.values()),
             user_usage=dict(self._user_usage),
+            run_times=self._history.run_times() if explain else NO_RUN_TIMES,
         )
+        config = replace(self._config, explain=True) if explain else self._config
+        decisions = self._schedule(snapshot, now=now, config=config)
+        if explain:
+            self._keep_estimates(decisions, now)
+        if skip:
+            return  # run only for its estimates: a skipped pass decides nothing
         self._passes += 1
-        decisions = self._schedule(snapshot, now=now, config=self._config)
         self._apply(decisions, now)
         self._plan_tick(now)
+
+    def _keep_estimates(self, decisions: Decisions, now: float) -> None:
+        unseen = self._unseen
+        for pending in decisions.pending:
+            if pending.job_id in unseen:
+                unseen.discard(pending.job_id)
+                self._etas[pending.job_id] = Estimate(
+                    now, pending.eta_earliest, pending.eta, pending.eta_latest
+                )
+        for assign in decisions.assign:
+            unseen.discard(assign.job_id)
 
     def _snapshot_teams(self) -> dict[str, Team]:
         return {
@@ -475,7 +552,45 @@ class Replay:
             passes=self._passes,
             skipped=self._skipped,
             ticks=self._tick_count,
+            etas=dict(self._etas),
         )
+
+
+# Run times kept per key (the most recent): the portal's history query is bounded too.
+HISTORY_PER_KEY = 200
+
+
+class _History:
+    """Run times of the jobs the replay has finished, as ``scheduler.runtimes`` keys them."""
+
+    def __init__(self) -> None:
+        self._levels: tuple[dict[str, deque[float]], ...] = ({}, {}, {})
+        self._summaries: tuple[dict[str, RunTime], ...] = ({}, {}, {})
+        self._dirty: tuple[set[str], ...] = (set(), set(), set())
+        self._built: RunTimes = NO_RUN_TIMES
+
+    def add(self, job: Job, duration_s: float) -> None:
+        shape = shape_of_job(job)
+        keys = (user_key(job.team, job.user, shape), team_key(job.team, shape), shape)
+        for level, dirty, key in zip(self._levels, self._dirty, keys, strict=True):
+            found = level.get(key)
+            if found is None:
+                found = level[key] = deque(maxlen=HISTORY_PER_KEY)
+            found.append(duration_s)
+            dirty.add(key)
+
+    def run_times(self) -> RunTimes:
+        if not any(self._dirty):
+            return self._built
+        for level, summaries, dirty in zip(self._levels, self._summaries, self._dirty, strict=True):
+            for key in dirty:
+                summary = run_time_of(level[key])
+                if summary is not None:
+                    summaries[key] = summary
+            dirty.clear()
+        users, teams, shapes = (MappingProxyType(dict(s)) for s in self._summaries)
+        self._built = RunTimes(users, teams, shapes)
+        return self._built
 
 
 def replay(
@@ -487,6 +602,8 @@ def replay(
     schedule: ScheduleFn,
     gpus_per_node: int = 8,
     progress: ProgressFn | None = None,
+    hide_durations: bool = False,
+    record_etas: bool = False,
 ) -> SimResult:
     """Replay ``jobs`` (sorted by submit time) through ``schedule`` on ``nodes``."""
     return Replay(
@@ -497,4 +614,6 @@ def replay(
         schedule=schedule,
         gpus_per_node=gpus_per_node,
         progress=progress,
+        hide_durations=hide_durations,
+        record_etas=record_etas,
     ).run()

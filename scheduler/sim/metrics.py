@@ -7,6 +7,9 @@
   makespan lower bound is the larger of max(submit + duration) and, over every submit time t,
   t + (work submitted at or after t) / capacity.
 - *offered load* = work / (capacity x [first submit, last submit]).
+- *ETA error* of a job that waited at least ``ETA_MIN_WAIT_S`` before it first started:
+  |first start - the likely start its first pending pass estimated| / (first start - submit);
+  median and p90 over those jobs. Jobs whose estimate was unknown are counted apart.
 - *fairness*: at every moment the teams with demand (held + queued GPUs) get a weighted
   max-min fair share of the cluster (water-filling by weight, each capped at its demand).
   A team's ratio = min(1, held / fair share), time-averaged over the periods when it has
@@ -17,11 +20,14 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler.runtimes import percentile as quantile
+from scheduler.sim.engine import Estimate
 from scheduler.sim.records import JobRecord
 
 # The sharing-incentive check: with the shared policy every team's mean wait is at most
@@ -35,11 +41,7 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), interpolating linearly; 0.0 for no values."""
     if not values:
         return 0.0
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return quantile(sorted(values), q / 100.0)
 
 
 def mean(values: Sequence[float]) -> float:
@@ -288,3 +290,159 @@ def sharing_incentive(
         holds = ours <= SHARING_FACTOR * theirs + SHARING_SLACK_S
         checks[team] = SharingCheck(len(pairs), ours, theirs, holds)
     return checks
+
+
+# ETA calibration counts the jobs that waited at least this long before they first started.
+ETA_MIN_WAIT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class EtaCalibration:
+    jobs: int  # jobs that waited >= ETA_MIN_WAIT_S and had a first pending pass
+    unknown: int  # of those, with no likely estimate
+    median_error: float  # of |actual - predicted| / actual wait, over the known ones
+    p90_error: float
+    within_band: float  # share of the known ones whose start fell in [earliest, latest]
+
+
+def eta_calibration(
+    records: Iterable[JobRecord],
+    etas: Mapping[str, Estimate],
+    *,
+    min_wait_s: float = ETA_MIN_WAIT_S,
+) -> EtaCalibration:
+    """How far each job's first estimate was from its first start (see the module doc)."""
+    errors: list[float] = []
+    inside = unknown = 0
+    for record in records:
+        estimate = etas.get(record.job_id)
+        if estimate is None or not record.segments:
+            continue
+        started = record.segments[0].start_s
+        waited = started - record.submit_s
+        if waited < min_wait_s:
+            continue
+        if estimate.likely_s is None:
+            unknown += 1
+            continue
+        errors.append(abs(started - estimate.likely_s) / waited)
+        low, high = estimate.earliest_s, estimate.latest_s
+        inside += (low is None or low <= started + _EPSILON) and (
+            high is None or started <= high + _EPSILON
+        )
+    return EtaCalibration(
+        jobs=len(errors) + unknown,
+        unknown=unknown,
+        median_error=percentile(errors, 50),
+        p90_error=percentile(errors, 90),
+        within_band=inside / len(errors) if errors else 0.0,
+    )
+
+
+# --- the anti-starvation bounds (docs/scheduling.md#starvation) ------------------------------
+
+
+def pending_intervals(record: JobRecord) -> list[tuple[float, float]]:
+    """When a job waited: from submit to its first start, and from each preemption (the end
+    of its grace period) to its next start; the last one open (inf) if it never restarted."""
+    intervals: list[tuple[float, float]] = []
+    waiting_since: float | None = record.submit_s
+    for segment in record.segments:
+        if waiting_since is not None:
+            intervals.append((waiting_since, segment.start_s))
+        waiting_since = segment.end_s if segment.preempted else None
+    if waiting_since is not None:
+        intervals.append((waiting_since, math.inf))
+    return intervals
+
+
+def guarantee_waits(
+    records: Sequence[JobRecord], guarantees: Mapping[str, float]
+) -> dict[str, float]:
+    """Per job, the longest it waited after it headed its team's queue (the oldest pending
+    job of its team) while it fitted within the team's guarantee; jobs that never did so
+    while waiting are left out. One user per team: the team's queue is in age order. One
+    sweep per team over its starts, ends and waits, in time order."""
+    by_team: dict[str, list[JobRecord]] = defaultdict(list)
+    for record in records:
+        by_team[record.tenant].append(record)
+    out: dict[str, float] = {}
+    for name, mine in by_team.items():
+        guarantee = guarantees.get(name, 0.0)
+        # (time, change): +units / -units held, or a wait that begins (record, its end).
+        held_changes: list[tuple[float, float]] = []
+        waits: list[tuple[float, JobRecord, float]] = []
+        for record in mine:
+            for segment in record.segments:
+                held_changes += [(segment.start_s, record.gpus), (segment.end_s, -record.gpus)]
+            for begin, end in pending_intervals(record):
+                if begin == end:  # started at once
+                    out.setdefault(record.job_id, 0.0)
+                else:
+                    waits.append((begin, record, end))
+        times = sorted({t for t, _ in held_changes} | {w[0] for w in waits} | {w[2] for w in waits})
+        held_changes.sort(key=lambda change: change[0])
+        waits.sort(key=lambda wait: wait[0])
+        queue: list[tuple[float, str, float, JobRecord]] = []  # (submit, id, wait end, record)
+        held = 0.0
+        next_change = next_wait = 0
+        headed: set[tuple[str, float]] = set()  # (job, wait end) already measured
+        for t in times:
+            while next_change < len(held_changes) and held_changes[next_change][0] <= t:
+                held += held_changes[next_change][1]
+                next_change += 1
+            while next_wait < len(waits) and waits[next_wait][0] <= t:
+                begin, record, end = waits[next_wait]
+                heapq.heappush(queue, (record.submit_s, record.job_id, end, record))
+                next_wait += 1
+            while queue and queue[0][2] <= t:  # started by now
+                heapq.heappop(queue)
+            if not queue:
+                continue
+            _, job_id, end, record = queue[0]
+            if (job_id, end) not in headed and held + record.gpus <= guarantee + _EPSILON:
+                headed.add((job_id, end))
+                out[job_id] = max(out.get(job_id, 0.0), end - t)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Starvation:
+    max_wait_s: float
+    starved: int  # jobs that waited longer than max_wait_s before they first started
+    worst_wait_s: float  # the longest first wait among them (0 without any)
+    worst_bound_s: float  # the bound of that job
+    worst_ratio: float  # the largest wait / bound (<= 1 when every bound holds)
+    violations: int  # jobs that waited longer than their bound
+
+
+def starvation(
+    records: Sequence[JobRecord], *, max_wait_s: float, longest_limit_s: float, grace_s: float
+) -> Starvation:
+    """Each job's first wait against max_wait_s + (1 + k) x (longest limit + grace), k = the
+    jobs queued before it that still waited at some time after its own maximum wait."""
+    intervals = {r.job_id: pending_intervals(r) for r in records}
+    starved = violations = 0
+    worst = (0.0, 0.0)
+    ratio = 0.0
+    for record in records:
+        start = record.segments[0].start_s if record.segments else math.inf
+        wait = start - record.submit_s
+        if wait <= max_wait_s:
+            continue
+        starved += 1
+        since = record.submit_s + max_wait_s
+        age = (record.submit_s, record.job_id)
+        ahead = sum(
+            1
+            for other in records
+            if (other.submit_s, other.job_id) < age
+            and any(a < start and b > since for a, b in intervals[other.job_id])
+        )
+        bound = max_wait_s + (1 + ahead) * (longest_limit_s + grace_s)
+        violations += wait > bound + _EPSILON
+        if wait / bound > ratio:
+            ratio = wait / bound
+        if wait > worst[0]:
+            worst = (wait, bound)
+    return Starvation(max_wait_s, starved, worst[0], worst[1], ratio, violations)

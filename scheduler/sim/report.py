@@ -70,6 +70,15 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"({report['utilisation_vs_bound']:.1%}); offered load {report['offered_load']:.4f}",
         f"  jain_waiting {report['jain_waiting']:.4f}",
     ]
+    if report.get("durations") == "hidden":
+        lines.append("  durations hidden: time limits are user-style overestimates")
+    eta = report.get("eta")
+    if eta is not None:
+        lines.append(
+            f"  ETA error over {eta['jobs']} jobs that waited >= {eta['min_wait_s']:.0f} s: "
+            f"median {eta['median_error']:.1%}, p90 {eta['p90_error']:.1%}; "
+            f"{eta['within_band']:.1%} started inside their band, {eta['unknown']} unknown"
+        )
     lines.extend(_counts(report))
     default = report["default_quota"]
     if default["teams"]:

@@ -19,7 +19,14 @@ from scheduler import core
 from scheduler.config import Policy, SchedulerConfig
 from scheduler.sim.cluster import DEFAULT_QUOTA_NODES, ClusterSpec, TeamSpec, build_nodes
 from scheduler.sim.engine import ProgressFn, ScheduleFn, SimResult, replay
-from scheduler.sim.metrics import TeamResult, per_team, sharing_incentive, summarise
+from scheduler.sim.metrics import (
+    ETA_MIN_WAIT_S,
+    TeamResult,
+    eta_calibration,
+    per_team,
+    sharing_incentive,
+    summarise,
+)
 from scheduler.sim.records import JobRecord
 from scheduler.sim.trace import TraceJob
 
@@ -48,6 +55,10 @@ class Scenario:
     base_config: SchedulerConfig = field(default_factory=_replay_config)
     default_quota_nodes: float = DEFAULT_QUOTA_NODES
     progress: ProgressFn | None = None  # for long replays: called now and then
+    # Time limits are user-style overestimates, not the true durations (``engine``).
+    hide_durations: bool = False
+    # Keep each job's first start estimate (passes with new jobs explain) for the ETA error.
+    record_etas: bool = False
 
 
 def config_for(policy: str, base: SchedulerConfig) -> SchedulerConfig:
@@ -88,6 +99,8 @@ def run_shared(scenario: Scenario, policy: str, schedule: ScheduleFn) -> tuple[S
         schedule=schedule,
         gpus_per_node=scenario.cluster.gpus_per_node,
         progress=scenario.progress,
+        hide_durations=scenario.hide_durations,
+        record_etas=scenario.record_etas,
     )
     return result, time.perf_counter() - started
 
@@ -112,6 +125,7 @@ def run_private(scenario: Scenario, schedule: ScheduleFn) -> PrivateRun:
             config=config,
             schedule=schedule,
             gpus_per_node=partition.gpus_per_node,
+            hide_durations=scenario.hide_durations,
         )
         records.extend(result.records)
         excluded[name] = len(result.excluded)
@@ -155,10 +169,25 @@ def simulate(
         ticks=result.ticks,
         wall_s=round(wall_s, 3),
     )
+    if scenario.record_etas:
+        report["eta"] = eta_report(result)
     if check_sharing:
         baseline = private if private is not None else run_private(scenario, schedule)
         report["sharing_incentive"] = sharing_report(result.records, baseline.records)
     return report, result.records
+
+
+def eta_report(result: SimResult) -> dict[str, Any]:
+    """The ETA error of a replay that recorded estimates (``metrics.eta_calibration``)."""
+    calibration = eta_calibration(result.records, result.etas)
+    return {
+        "min_wait_s": ETA_MIN_WAIT_S,
+        "jobs": calibration.jobs,
+        "unknown": calibration.unknown,
+        "median_error": round(calibration.median_error, 4),
+        "p90_error": round(calibration.p90_error, 4),
+        "within_band": round(calibration.within_band, 4),
+    }
 
 
 def sharing_report(shared: Sequence[JobRecord], private: Sequence[JobRecord]) -> dict[str, Any]:
@@ -191,6 +220,7 @@ def _report(
         "mig_nodes": scenario.cluster.mig_nodes,
         "capacity_units": capacity,
         "seed": scenario.seed,
+        "durations": "hidden" if scenario.hide_durations else "shown",
         "jobs": summary.jobs,
         "mean_wait_s": round(summary.mean_wait_s, 1),
         "p50_wait_s": round(summary.p50_wait_s, 1),

@@ -67,6 +67,7 @@ def test_submit_stores_a_pending_job_and_answers_201_with_id_and_state(world, al
         "numbers": {},
         "position": None,
         "estimated_start_at": None,
+        "estimated_start_band": None,
     }
     assert [(e["from_state"], e["to_state"], e["message"]) for e in body["events"]] == [
         ("", "PENDING", "submitted by alice")
@@ -243,6 +244,7 @@ def test_detail_explains_a_pending_job_with_reason_position_and_estimated_start(
         pending_numbers={"used": 4.0, "limit": 4.0, "needs": 1.0},
         queue_position=3,
         estimated_start_at=eta,
+        estimated_start_earliest_at=eta - timedelta(minutes=2),
     )
 
     pending = alice_api.get(f"/api/v1/jobs/{job.pk}/").json()["pending"]
@@ -254,6 +256,12 @@ def test_detail_explains_a_pending_job_with_reason_position_and_estimated_start(
     assert pending["numbers"] == {"used": 4.0, "limit": 4.0, "needs": 1.0}
     assert pending["position"] == 3
     assert pending["estimated_start_at"] == eta.isoformat().replace("+00:00", "Z")
+    # The band around it; its latest end unknown (a job ahead has no known end).
+    assert pending["estimated_start_band"] == {
+        "earliest": (eta - timedelta(minutes=2)).isoformat().replace("+00:00", "Z"),
+        "likely": pending["estimated_start_at"],
+        "latest": None,
+    }
 
 
 # --- log ---------------------------------------------------------------------------------

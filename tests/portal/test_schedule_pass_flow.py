@@ -171,7 +171,42 @@ def test_a_job_that_does_not_fit_stays_pending_with_reason_position_and_estimate
     assert waiting.queue_position == 1
     assert waiting.estimated_start_at is not None
     assert waiting.estimated_start_at >= timezone.now() + timedelta(seconds=3000)
+    # Its band: "big" may run its whole hour, and nothing finished tells otherwise.
+    assert waiting.estimated_start_earliest_at == waiting.estimated_start_at
+    assert waiting.estimated_start_latest_at == waiting.estimated_start_at
     assert [m["job_id"] for m, _ in sent.launches()] == [running.pk]
+
+
+def test_finished_jobs_of_the_same_shape_shorten_the_estimated_start(
+    vision, django_capture_on_commit_callbacks
+):
+    # "big" may run an hour, but jobs of its shape ran 10 minutes: the likely start is then,
+    # the latest still at its time limit.
+    team, alice = vision
+    register_node(NODE)
+    now = timezone.now()
+    for i in range(3):
+        make_job(
+            name=f"done{i}",
+            team=team,
+            user=alice,
+            gpu_count=2,
+            time_limit_s=3600,
+            state=JobState.SUCCEEDED,
+            started_at=now - timedelta(hours=2),
+            finished_at=now - timedelta(hours=2) + timedelta(minutes=10),
+        )
+    make_job(name="big", team=team, user=alice, gpu_count=2, time_limit_s=3600)
+    waiting = make_job(name="waits", team=team, user=alice, gpu_count=2, time_limit_s=60)
+
+    _run_pass(django_capture_on_commit_callbacks)
+
+    waiting.refresh_from_db()
+    assert waiting.state == JobState.PENDING
+    likely = waiting.estimated_start_at - timezone.now()
+    latest = waiting.estimated_start_latest_at - timezone.now()
+    assert timedelta(minutes=9) <= likely <= timedelta(minutes=10, seconds=5)
+    assert timedelta(minutes=59) <= latest <= timedelta(hours=1, seconds=5)
 
 
 def test_a_second_pass_writes_no_explanation_that_did_not_change(

@@ -23,6 +23,15 @@ def test_with_nothing_set_the_knobs_are_the_cores_defaults(monkeypatch):
     assert knobs["usage_half_life_s"] == 3600.0
 
 
+@pytest.mark.parametrize(
+    ("raw", "expected"), [("none", None), ("", DEFAULTS.max_wait_s), ("60", 60.0)]
+)
+def test_the_maximum_wait_takes_seconds_or_none(monkeypatch, raw, expected):
+    monkeypatch.setenv("PORTAL_SCHED_MAX_WAIT_S", raw)
+
+    assert scheduler_knobs_from_env(usage_half_life_s=3600.0)["max_wait_s"] == expected
+
+
 @pytest.mark.parametrize(("raw", "expected"), [("none", None), ("NONE", None), ("7200", 7200.0)])
 def test_the_reclaim_bound_takes_seconds_or_none(monkeypatch, raw, expected):
     monkeypatch.setenv("PORTAL_SCHED_RECLAIM_MAX_RUN_S", raw)

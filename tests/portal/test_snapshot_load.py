@@ -28,7 +28,7 @@ from scheduler.model import Node as CoreNode
 pytestmark = pytest.mark.django_db
 
 HALF_LIFE = 3600.0
-SNAPSHOT_QUERIES = 9
+SNAPSHOT_QUERIES = 10
 
 
 @pytest.fixture

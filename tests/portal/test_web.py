@@ -280,6 +280,25 @@ def test_a_pending_job_shows_the_schedulers_reason_position_and_estimated_start(
     assert "team vision uses 2.0 of 3.0 units, job needs 2.0" in fragment
     assert "<dt>Queue position</dt><dd>3</dd>" in fragment
     assert eta.strftime("%Y-%m-%d %H:%M:%S") in fragment
+    assert "Start between" not in fragment  # no band stored
+
+
+def test_a_pending_job_shows_the_band_around_its_estimated_start(alice: Any, vision: Team) -> None:
+    eta = timezone.now() + timedelta(minutes=30)
+    job = make_job(
+        team=vision,
+        user=alice,
+        pending_code="NO_FIT",
+        pending_message="needs 2 x whole, at most 0 free on any node",
+        queue_position=1,
+        estimated_start_at=eta,
+        estimated_start_earliest_at=eta - timedelta(minutes=20),
+    )
+
+    fragment = html(client_for(alice).get(reverse("web:job_detail", args=[job.pk]), **HTMX))
+
+    earliest = (eta - timedelta(minutes=20)).strftime("%Y-%m-%d %H:%M")
+    assert f"{earliest} and an unknown time (a job ahead has no known end)" in fragment
 
 
 def test_the_job_fragment_polls_while_the_job_runs_and_stops_once_it_ended(

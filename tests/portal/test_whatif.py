@@ -411,7 +411,12 @@ def test_the_api_answers_with_the_selectors_numbers_for_a_read_token(world):
         "slice_ids": ["GPU-node-a-1"],
         "queue_position": 1,
         "estimated_start_at": body["estimated_start_at"],
-        "estimated_start_band": None,
+        # It starts now: now, all three.
+        "estimated_start_band": {
+            "earliest": body["estimated_start_at"],
+            "likely": body["estimated_start_at"],
+            "latest": body["estimated_start_at"],
+        },
         "reason": None,
         "fails": "",
         "would_preempt": [],

@@ -55,7 +55,19 @@ def test_a_job_that_would_delay_the_reservation_waits_for_it() -> None:
     decisions = decide(snapshot(nodes, without_short, held), policy=Policy.FIFO_BACKFILL)
     assert codes(decisions) == {"big": "RESERVED", "long": "WAITING_FOR_RESERVATION"}
     assert decisions.pending[1].reason.message == "would delay the reservation of job big"
-    assert decisions.pending[1].eta == 2000.0
+    # Not before the reservation (2000); after it, "big" holds both GPUs with no time limit,
+    # so when "long" starts is unknown.
+    long = decisions.pending[1]
+    assert (long.eta_earliest, long.eta, long.eta_latest) == (2000.0, None, None)
+
+
+def test_a_job_behind_a_reservation_starts_when_the_reserved_job_ends() -> None:
+    nodes, pending, held = _queue_behind_a_big_job()
+    big = job("big", count=2, at=0, limit=1500.0)
+    rest = [big, *(j for j in pending if j.id == "long")]
+    decisions = decide(snapshot(nodes, rest, held), policy=Policy.FIFO_BACKFILL)
+    bands = {p.job_id: (p.eta_earliest, p.eta, p.eta_latest) for p in decisions.pending}
+    assert bands == {"big": (2000.0, 2000.0, 2000.0), "long": (2000.0, 3500.0, 3500.0)}
 
 
 def test_jobs_on_other_slices_run_ahead_whatever_their_length() -> None:
@@ -106,8 +118,27 @@ def test_the_estimated_start_comes_from_running_jobs_time_limits() -> None:
         ),
         backfill=False,
     )
-    etas = {p.job_id: p.eta for p in decisions.pending}
-    assert etas == {"one": 1400.0, "two": 3000.0}
+    bands = {p.job_id: (p.eta_earliest, p.eta, p.eta_latest) for p in decisions.pending}
+    # "two" fits the node at 3000 at the earliest, but "one", ahead of it and without a time
+    # limit, takes g0 at 1400 for good: its likely and latest start are unknown.
+    assert bands == {"one": (1400.0, 1400.0, 1400.0), "two": (3000.0, None, None)}
+
+
+def test_the_estimated_start_counts_the_jobs_ahead_in_the_queue() -> None:
+    decisions = decide(
+        snapshot(
+            [whole_node("n0", gpus=2)],
+            [job("one", at=0, limit=2000.0), job("two", count=2, at=1, limit=100.0)],
+            [
+                running(job("r1", "b", limit=500.0), ["n0-g0"], started=900.0),
+                running(job("r2", "b", limit=3000.0), ["n0-g1"], started=0.0),
+            ],
+        ),
+        backfill=False,
+    )
+    bands = {p.job_id: (p.eta_earliest, p.eta, p.eta_latest) for p in decisions.pending}
+    # "one" takes g0 at 1400 until 3400; "two" needs both GPUs: 3400, not 3000.
+    assert bands == {"one": (1400.0, 1400.0, 1400.0), "two": (3000.0, 3400.0, 3400.0)}
 
 
 @pytest.mark.parametrize("policy", [Policy.FIFO_BACKFILL, Policy.FAIRSHARE])

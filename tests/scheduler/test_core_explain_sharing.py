@@ -32,7 +32,14 @@ def test_jobs_alike_but_for_user_or_class_share_one_reason() -> None:
             backfill=False,
         ).pending[0]
         assert alone.reason == by_id[pending_job.id].reason
-        assert alone.eta == by_id[pending_job.id].eta == 1400.0
+        assert alone.eta == by_id[pending_job.id].eta_earliest == 1400.0
+    # The likely start counts the queue ahead: a2 (high) and a1 fill the node at 1400 for
+    # their 100 s; a3 follows at 1500.
+    assert [(p.job_id, p.eta) for p in decisions.pending] == [
+        ("a2", 1400.0),
+        ("a1", 1400.0),
+        ("a3", 1500.0),
+    ]
 
 
 def test_parked_jobs_with_the_same_numbers_share_one_reason() -> None:

@@ -18,12 +18,14 @@ from scheduler import (
     Node,
     Policy,
     RunningJob,
+    RunTimes,
     SchedulerConfig,
     Slice,
     Snapshot,
     Team,
     schedule,
 )
+from scheduler.runtimes import run_times_from
 from scheduler.units import mig_units
 
 NOW = 10_000.0
@@ -129,6 +131,12 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         )
     states = {d: draw(st.sampled_from(list(DependencyState))) for d in DEPS}
     limits = {a: draw(st.integers(1, 3)) for a in ARRAYS if draw(st.booleans())}
+    # Run-time history of some jobs shaped like the running and pending ones (estimates only).
+    alike = [r.job for r in running] + pending
+    finished = [
+        (draw(st.sampled_from(alike)), float(draw(st.integers(1, 30000))))
+        for _ in range(draw(st.integers(0, 6) if alike else st.just(0)))
+    ]
     return Snapshot(
         nodes,
         teams,
@@ -136,6 +144,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         tuple(running),
         dependency_states=states,
         array_limits=limits,
+        run_times=run_times_from(finished),
     )
 
 
@@ -147,6 +156,8 @@ configs = st.builds(
     preempt_by_priority=st.booleans(),
     clamp_priority=st.booleans(),
     max_reservations=st.integers(0, 2),
+    # Jobs submitted 1,000 to 10,000 s before now: some starving at 3,000 s, none at a week.
+    max_wait_s=st.sampled_from([None, 7 * 86400.0, 3000.0]),
 )
 
 # Examples and seeds come from the profile (tests/conftest.py): `ci` (fixed), `deep` (hunting).
@@ -353,3 +364,26 @@ def test_a_kept_node_list_answers_as_a_fresh_one_and_a_changed_one_is_rebuilt(
     for each in (snap, snap, drained):
         again = replace(each, nodes=_rebuilt(each.nodes))
         assert schedule(again, now=NOW, config=config) == expected[id(each)]
+
+
+@PROPERTY
+@given(snapshots(), configs)
+def test_run_time_history_changes_no_decision_and_every_band_is_ordered(
+    snap: Snapshot, config: SchedulerConfig
+) -> None:
+    with_history = schedule(snap, now=NOW, config=config)
+    blind = schedule(replace(snap, run_times=RunTimes()), now=NOW, config=config)
+    assert (blind.assign, blind.preempt, blind.fail) == (
+        with_history.assign,
+        with_history.preempt,
+        with_history.fail,
+    )
+    assert [(p.job_id, p.reason, p.position) for p in blind.pending] == [
+        (p.job_id, p.reason, p.position) for p in with_history.pending
+    ]
+    for p in with_history.pending:
+        known = [v for v in (p.eta_earliest, p.eta, p.eta_latest) if v is not None]
+        assert known == sorted(known), p
+        assert all(v >= NOW for v in known), p
+        if p.eta is not None:
+            assert p.eta_earliest is not None, p

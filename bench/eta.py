@@ -1,0 +1,167 @@
+"""ETA calibration and the starvation bound, measured on replays (part of ``make bench``).
+
+``calibration(trace, gpus=..., limit_jobs=...)`` replays the trace with the portal's policy
+twice, with the true durations shown to the scheduler as time limits and hidden behind
+user-style limits (``scheduler.sim.engine.user_limit``), recording every job's first start
+estimate; it returns the ETA error of both (``scheduler.sim.metrics.eta_calibration``: over
+the jobs that waited at least 10 minutes, |actual start - estimate| / actual wait).
+
+``starvation(...)`` replays with a maximum wait (``SchedulerConfig.max_wait_s``) and reports
+the worst wait of the jobs that reached it against the stated bound
+(``scheduler.sim.metrics.starvation``, docs/scheduling.md#starvation).
+
+``python -m bench.eta [--trace PATH] [--gpus 256] [--limit-jobs 2000] [--json OUT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from scheduler.config import SchedulerConfig
+from scheduler.sim.cluster import ClusterSpec, build_teams
+from scheduler.sim.engine import user_limit
+from scheduler.sim.metrics import guarantee_waits, starvation
+from scheduler.sim.records import JobRecord
+from scheduler.sim.runner import Scenario, simulate
+from scheduler.sim.trace import load_quotas, load_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly" / "jobs.csv"
+# The slice of the trace the calibration replays (with explanations in every pass that
+# meets a new job, a replay costs several times a plain one).
+DEFAULT_LIMIT_JOBS = 2000
+DEFAULT_GPUS = 256  # (the slice is light on 512 GPUs: few jobs wait 10 minutes)
+MEDIAN_TARGET = 0.25  # median ETA error with durations hidden
+
+
+def _scenario(trace: Path, gpus: int, limit_jobs: int | None) -> Scenario:
+    jobs = tuple(load_trace(trace, limit=limit_jobs))
+    quota_file = trace.parent / "vc_quota_nodes.csv"
+    quotas = load_quotas(quota_file) if quota_file.exists() else None
+    teams = build_teams((job.tenant for job in jobs), quotas, gpus)
+    return Scenario(jobs=jobs, cluster=ClusterSpec(gpus), teams=teams, trace_name=str(trace))
+
+
+def calibration(
+    trace: str | Path = DEFAULT_TRACE,
+    *,
+    gpus: int = DEFAULT_GPUS,
+    limit_jobs: int | None = DEFAULT_LIMIT_JOBS,
+) -> dict[str, Any]:
+    """The ETA error of the portal's policy with durations shown and hidden."""
+    scenario = replace(_scenario(Path(trace), gpus, limit_jobs), record_etas=True)
+    out: dict[str, Any] = {"trace": str(trace), "gpus": gpus, "limit_jobs": limit_jobs}
+    config = scenario.base_config
+    for mode, hidden in (("shown", False), ("hidden", True)):
+        report, records = simulate(
+            replace(scenario, hide_durations=hidden), "fairshare", check_sharing=False
+        )
+        out[mode] = {**report["eta"], "mean_wait_s": report["mean_wait_s"]}
+        out[mode]["wall_s"] = report["wall_s"]
+        longest = max(j.duration_s for j in scenario.jobs)
+        out[mode]["starvation"] = starvation_report(
+            records,
+            guarantees={name: float(t.guaranteed_gpus) for name, t in scenario.teams.items()},
+            longest_limit_s=user_limit(longest) if hidden else longest,
+            config=config,
+        )
+    out["target"] = {
+        "name": f"median ETA error <= {MEDIAN_TARGET:.0%} with durations hidden",
+        "met": out["hidden"]["jobs"] > 0 and out["hidden"]["median_error"] <= MEDIAN_TARGET,
+    }
+    return out
+
+
+def starvation_report(
+    records: Sequence[JobRecord],
+    *,
+    guarantees: dict[str, float],
+    longest_limit_s: float,
+    config: SchedulerConfig,
+) -> dict[str, Any]:
+    """The worst observed waits against both bounds of docs/scheduling.md#starvation."""
+    within = guarantee_waits(records, guarantees)
+    guarantee_bound = config.min_run_time_s + config.grace_period_s
+    out: dict[str, Any] = {
+        "guarantee": {
+            "bound_s": guarantee_bound,
+            "jobs": len(within),
+            "worst_wait_s": round(max(within.values(), default=0.0), 1),
+            "over_bound": sum(1 for w in within.values() if w > guarantee_bound + 1e-6),
+        }
+    }
+    if config.max_wait_s is not None:
+        starved = starvation(
+            records,
+            max_wait_s=config.max_wait_s,
+            longest_limit_s=longest_limit_s,
+            grace_s=config.grace_period_s,
+        )
+        out["max_wait"] = {
+            "max_wait_s": starved.max_wait_s,
+            "starved_jobs": starved.starved,
+            "worst_wait_s": round(starved.worst_wait_s, 1),
+            "its_bound_s": round(starved.worst_bound_s, 1),
+            "worst_wait_over_bound": round(starved.worst_ratio, 4),
+            "over_bound": starved.violations,
+        }
+    return out
+
+
+def render_calibration(result: dict[str, Any]) -> str:
+    lines = [
+        f"ETA calibration, fairshare on {result['gpus']} GPUs, first "
+        f"{result['limit_jobs']} jobs of {Path(result['trace']).name}:"
+    ]
+    for mode in ("shown", "hidden"):
+        eta = result[mode]
+        lines.append(
+            f"  durations {mode:<6}: {eta['jobs']} jobs waited >= {eta['min_wait_s']:.0f} s; "
+            f"|actual - predicted| / wait median {eta['median_error']:.1%}, "
+            f"p90 {eta['p90_error']:.1%}; {eta['within_band']:.1%} inside the band; "
+            f"{eta['unknown']} unknown ({eta['wall_s']:.0f} s wall)"
+        )
+    target = result["target"]
+    lines.append(f"  {'met' if target['met'] else 'NOT met':<8} {target['name']}")
+    lines.append("starvation bounds (docs/scheduling.md#starvation), same replays:")
+    for mode in ("shown", "hidden"):
+        bounds = result[mode]["starvation"]
+        g = bounds["guarantee"]
+        lines.append(
+            f"  durations {mode:<6}: within the guarantee, worst wait after heading the team's "
+            f"queue {g['worst_wait_s']:.0f} s against {g['bound_s']:.0f} s "
+            f"({g['over_bound']} of {g['jobs']} jobs over)"
+        )
+        m = bounds.get("max_wait")
+        if m is not None:
+            lines.append(
+                f"  durations {mode:<6}: {m['starved_jobs']} jobs waited past "
+                f"{m['max_wait_s'] / 86400:.0f} d; worst {m['worst_wait_s'] / 3600:.1f} h against "
+                f"its bound {m['its_bound_s'] / 3600:.1f} h; highest wait / bound "
+                f"{m['worst_wait_over_bound']:.2f} ({m['over_bound']} over)"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.eta", description=__doc__)
+    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS)
+    parser.add_argument("--limit-jobs", type=int, default=DEFAULT_LIMIT_JOBS)
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    result = calibration(args.trace, gpus=args.gpus, limit_jobs=args.limit_jobs)
+    print(render_calibration(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

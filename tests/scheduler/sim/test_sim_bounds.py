@@ -1,0 +1,99 @@
+"""The two anti-starvation bounds of docs/scheduling.md#starvation, checked on replays.
+
+1. A job that fits within its team's guarantee starts within ``min_run_time_s`` plus
+   ``grace_period_s`` once it heads its team's queue.
+2. Any job starts within ``max_wait_s`` + (1 + k) x (D + grace), where D is the longest time
+   limit and k the jobs queued before it that still waited after its own maximum wait.
+
+Random small traces through the real core (hypothesis; examples fixed by the ``ci`` profile).
+The bounds are measured from the replay's segments alone (``scheduler.sim.metrics``).
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sim_helpers import job, team
+
+from scheduler import schedule
+from scheduler.config import SchedulerConfig
+from scheduler.sim.cluster import ClusterSpec, build_nodes
+from scheduler.sim.engine import replay
+from scheduler.sim.metrics import guarantee_waits, starvation
+from scheduler.sim.trace import TraceJob
+
+BOUNDS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TEAMS = {"a": 4, "b": 8, "c": 4}  # guarantees on 16 GPUs: they add up to the cluster
+
+
+def _trace(draw: st.DrawFn, sizes: list[int]) -> list[TraceJob]:
+    """Team b floods the cluster at t=0 (it borrows everything); a, b and c then arrive at
+    random, so teams under their guarantee must reclaim and jobs queue for long."""
+    flood = draw(st.integers(10, 24))
+    jobs = [
+        job(
+            f"f{i:02d}", draw(st.sampled_from(sizes)), 0.0, float(draw(st.integers(300, 3000))), "b"
+        )
+        for i in range(flood)
+    ]
+    jobs += [
+        job(
+            f"j{i:02d}",
+            draw(st.sampled_from(sizes)),
+            float(draw(st.integers(0, 3000))),
+            float(draw(st.integers(60, 3000))),
+            draw(st.sampled_from(sorted(TEAMS))),
+        )
+        for i in range(draw(st.integers(5, 30)))
+    ]
+    return sorted(jobs, key=lambda j: j.submit_s)
+
+
+@st.composite
+def single_gpu_traces(draw: st.DrawFn) -> list[TraceJob]:
+    return _trace(draw, [1])
+
+
+@st.composite
+def gang_traces(draw: st.DrawFn) -> list[TraceJob]:
+    return _trace(draw, [1, 2, 4, 8])
+
+
+def _replay(jobs: list[TraceJob], config: SchedulerConfig):  # noqa: ANN202 - SimResult
+    return replay(
+        jobs,
+        nodes=build_nodes(ClusterSpec(16)),
+        teams={name: team(name, g) for name, g in TEAMS.items()},
+        config=config,
+        schedule=schedule,
+    )
+
+
+@BOUNDS
+@given(single_gpu_traces())
+def test_a_job_within_its_guarantee_starts_within_min_run_plus_grace_of_heading_its_queue(
+    jobs: list[TraceJob],
+) -> None:
+    config = SchedulerConfig(explain=False, max_wait_s=None)
+    result = _replay(jobs, config)
+    assert not result.unfinished
+    bound = config.min_run_time_s + config.grace_period_s
+    waits = guarantee_waits(result.records, {n: float(g) for n, g in TEAMS.items()})
+    assert waits, "no job headed its queue within its guarantee"
+    worst = max(waits.values())
+    assert worst <= bound + 1e-6, (worst, bound)
+
+
+@BOUNDS
+@given(gang_traces(), st.sampled_from([300.0, 900.0]))
+def test_any_job_starts_within_the_maximum_wait_bound(
+    jobs: list[TraceJob], max_wait_s: float
+) -> None:
+    config = SchedulerConfig(explain=False, max_wait_s=max_wait_s)
+    result = _replay(jobs, config)
+    assert not result.unfinished
+    longest = max(j.duration_s for j in jobs)  # time limits are the durations here
+    report = starvation(
+        result.records, max_wait_s=max_wait_s, longest_limit_s=longest, grace_s=30.0
+    )
+    assert report.violations == 0, report

@@ -1,0 +1,94 @@
+"""The starvation bound: a job queued ``max_wait_s`` goes first and always gets a reservation.
+
+Exact decisions, one rule per test (docs/scheduling.md#starvation).
+"""
+
+from __future__ import annotations
+
+import pytest
+from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
+
+from scheduler import SchedulerConfig, Team
+
+DAY = 86400.0
+WEEK = 7 * DAY
+
+
+def test_a_job_past_the_maximum_wait_goes_before_higher_classes_and_fair_share() -> None:
+    # One free GPU. "old" (team b, far above its share) has waited a week and a second;
+    # "fresh" is team a's, of a higher class, with nothing used.
+    teams = [Team("a", max_priority="high"), Team("b", usage=10**9)]
+    pending = [
+        job("old", "b", at=0.0),
+        job("fresh", "a", at=WEEK, priority="high"),
+    ]
+    snap = snapshot([whole_node("n0", gpus=1)], pending, teams=teams)
+    now = WEEK + 1.0
+    assert placed(decide(snap, now=now)) == {"old": ("n0-g0",)}
+    # Without the bound, class and fair share decide.
+    assert placed(decide(snap, now=now, max_wait_s=None)) == {"fresh": ("n0-g0",)}
+    # A second short of the week, "old" is not starving yet.
+    assert placed(decide(snap, now=WEEK - 1.0)) == {"fresh": ("n0-g0",)}
+
+
+def test_starving_jobs_go_oldest_first_whatever_their_teams() -> None:
+    pending = [job("b-old", "b", at=10.0), job("a-older", "a", at=5.0), job("c-new", "c", at=WEEK)]
+    snap = snapshot([whole_node("n0", gpus=1)], pending, teams=[Team("a", usage=10**9)])
+    decisions = decide(snap, now=WEEK + 20.0, backfill=False)
+    # The next starving job reserves (with backfill off: the bound needs it); the others wait.
+    assert summary(decisions) == [
+        ("assign", "a-older", ("n0-g0",)),
+        ("pending", "b-old", "RESERVED", 1),
+        ("pending", "c-new", "FAIR_SHARE", 2),
+    ]
+
+
+def test_every_starving_job_gets_a_reservation_beyond_max_reservations() -> None:
+    # n0 frees at 2000, n1 at 3000 (time limits). Two starving gangs of 2 and one that is not.
+    nodes = [whole_node("n0", gpus=2), whole_node("n1", gpus=2)]
+    held = [
+        running(job("r0", "x", count=2, limit=2000.0), ["n0-g0", "n0-g1"], started=0.0),
+        running(job("r1", "x", count=2, limit=3000.0), ["n1-g0", "n1-g1"], started=0.0),
+    ]
+    pending = [
+        job("s1", "a", count=2, at=0.0, limit=100.0),
+        job("s2", "b", count=2, at=1.0, limit=100.0),
+        job("late", "c", count=2, at=WEEK, limit=100.0),
+    ]
+    now = WEEK + 2.0
+    decisions = decide(snapshot(nodes, pending, held), now=now, max_reservations=1)
+    assert codes(decisions) == {"s1": "RESERVED", "s2": "RESERVED", "late": "RESERVED"}
+    # Without the bound, only the first blocked job of the round reserves.
+    before = decide(snapshot(nodes, pending, held), now=now, max_reservations=1, max_wait_s=None)
+    assert codes(before) == {"s1": "RESERVED", "s2": "NO_FIT", "late": "NO_FIT"}
+
+
+def test_a_starving_job_reserves_even_with_backfill_off() -> None:
+    # g0 frees at 2000 (its limit); g1 is free. "big" has waited a week and needs both; "long"
+    # would hold g1 past 2000.
+    nodes = [whole_node("n0", gpus=2)]
+    held = [running(job("r", "x", limit=WEEK + 2000.0), ["n0-g0"], started=0.0)]
+    pending = [job("big", "a", count=2, at=0.0), job("long", "b", at=WEEK, limit=5000.0)]
+    snap = snapshot(nodes, pending, held)
+    now = WEEK + 10.0
+    starving = decide(snap, now=now, backfill=False)
+    assert placed(starving) == {}
+    assert codes(starving) == {"big": "RESERVED", "long": "WAITING_FOR_RESERVATION"}
+    assert starving.pending[0].reason.numbers["at"] == WEEK + 2000.0
+    # Below the bound, backfill off lets "long" take g1.
+    assert placed(decide(snap, now=now, backfill=False, max_wait_s=None)) == {"long": ("n0-g1",)}
+
+
+def test_a_short_job_still_backfills_into_a_starving_jobs_set_aside_slices() -> None:
+    nodes = [whole_node("n0", gpus=2)]
+    held = [running(job("r", "x", limit=WEEK + 2000.0), ["n0-g0"], started=0.0)]
+    pending = [job("big", "a", count=2, at=0.0), job("short", "b", at=WEEK, limit=100.0)]
+    decisions = decide(snapshot(nodes, pending, held), now=WEEK + 10.0, backfill=False)
+    assert placed(decisions) == {"short": ("n0-g1",)}
+    assert codes(decisions) == {"big": "RESERVED"}
+
+
+@pytest.mark.parametrize("value", [-1.0, -0.5])
+def test_a_negative_maximum_wait_is_refused_naming_the_field(value: float) -> None:
+    with pytest.raises(ValueError, match="SchedulerConfig.max_wait_s: must be None or a number"):
+        SchedulerConfig(max_wait_s=value)
