@@ -15,7 +15,7 @@ class SleepingLauncher:
 
     name = "sleeping"
 
-    def start(self, launch: object) -> SleepRun:
+    def start(self, launch: object, *, lease_epoch: int | None = None) -> SleepRun:
         return SleepRun(subprocess.Popen(["sleep", "600"]))
 
 

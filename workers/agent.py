@@ -164,6 +164,10 @@ class LeaseKeeper:
         self.valid_until = 0.0
         self.lease_s: float | None = None
         self.fenced_at: float | None = None
+        # Times the lease was held again after it ran out (workers.lease: a launch accepted
+        # in an earlier epoch never starts).
+        self.epoch = 0
+        self._unfenced_lapse = False  # it ran out and was renewed before a fence saw it
 
     def sent(self, seq: int, at: float) -> None:
         with self._lock:
@@ -181,21 +185,37 @@ class LeaseKeeper:
             self.lease_s = lease_s
             if until <= self.valid_until:
                 return True
+            now = self._clock()
+            if self.valid_until != 0.0 and self.valid_until <= now < until:
+                # Held again after it ran out: a new epoch. A lapse no fence saw yet (this ack
+                # came first) is still fenced: the portal may have requeued those attempts.
+                self.epoch += 1
+                if self.fenced_at is None:
+                    self._unfenced_lapse = True
             self.valid_until = until
-            if self.fenced_at is not None and until > self._clock():
+            if self.fenced_at is not None and until > now:
                 log.info("lease regained: launches accepted again")
                 self.fenced_at = None
             if self.path is not None:
                 # Under the lock, so a slower writer never puts back an older deadline.
-                write_lease(self.path, Lease(valid_until=until, boot=self.boot))
+                write_lease(self.path, Lease(valid_until=until, boot=self.boot, epoch=self.epoch))
         return True
 
     def held(self) -> bool:
         return self._clock() < self.valid_until
 
-    def lapsed_now(self) -> bool:
-        """True once, when a held lease has just run out (time to fence)."""
+    def held_epoch(self) -> int | None:
+        """The epoch while the lease is held (None when it is not: nothing may launch)."""
         with self._lock:
+            return self.epoch if self._clock() < self.valid_until else None
+
+    def lapsed_now(self) -> bool:
+        """True once, when a held lease has just run out (time to fence), or ran out and was
+        renewed before a fence saw it."""
+        with self._lock:
+            if self._unfenced_lapse:
+                self._unfenced_lapse = False
+                return True
             if self.valid_until == 0.0 or self.fenced_at is not None:
                 return False
             if self._clock() < self.valid_until:
@@ -273,6 +293,7 @@ class Agent:
             kill_grace_s=kill_grace_s,
             clock=clock,
             may_launch=self.lease.held,
+            lease_epoch=self.lease.held_epoch,
             slice_gone=self.slice_gone,
         )
         self._heartbeat_seq = 0
@@ -600,11 +621,11 @@ class InventoryGate:
         self.name = inner.name
         self._inventory = inventory
 
-    def start(self, launch: Launch) -> Run:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> Run:
         why = missing_slice(launch, self._inventory())
         if why is not None:
             raise SliceGone(why)
-        return self.inner.start(launch)
+        return self.inner.start(launch, lease_epoch=lease_epoch)
 
 
 # --- the process ------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ lease, so the watcher must not depend on the agent being alive.
 
 A missing or unreadable file counts as expired: an agent launches nothing before its first
 acknowledged heartbeat, so a job never legitimately runs without one.
+
+The file also carries the lease's ``epoch``: how many times the agent has held its lease
+again after it ran out. A launch belongs to the epoch it was accepted in: once the lease ran
+out the agent fenced every attempt, so one accepted before that must never start, even when
+the lease was regained by the time its shim looks (an agent frozen in the middle of a launch,
+then thawed and acknowledged again: its requeued attempt may be running elsewhere by then).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ LEASE_FILE = "lease.json"
 class Lease:
     valid_until: float  # epoch seconds, the agent's clock (the same host as its watchers)
     boot: str  # the agent run that holds it
+    epoch: int = 0  # times the lease was held again after it ran out
 
     def expired(self, now: float) -> bool:
         return now >= self.valid_until
@@ -43,7 +50,9 @@ def write_lease(path: Path, lease: Lease) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".lease-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:
-            json.dump({"valid_until": lease.valid_until, "boot": lease.boot}, out)
+            json.dump(
+                {"valid_until": lease.valid_until, "boot": lease.boot, "epoch": lease.epoch}, out
+            )
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -54,7 +63,11 @@ def write_lease(path: Path, lease: Lease) -> None:
 def read_lease(path: Path) -> Lease | None:
     try:
         data = json.loads(path.read_text())
-        return Lease(valid_until=float(data["valid_until"]), boot=str(data["boot"]))
+        return Lease(
+            valid_until=float(data["valid_until"]),
+            boot=str(data["boot"]),
+            epoch=int(data.get("epoch", 0)),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -622,12 +622,12 @@ class MpsLauncher:
         self.supervisor = supervisor
         self.name = inner.name
 
-    def start(self, launch: Launch) -> Run:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> Run:
         watched = self.supervisor.admit(launch)
         if watched is None:
-            return self.inner.start(launch)
+            return self.inner.start(launch, lease_epoch=lease_epoch)
         try:
-            run = self.inner.start(launch)
+            run = self.inner.start(launch, lease_epoch=lease_epoch)
         except BaseException:
             self.supervisor.forget(watched)
             raise

@@ -247,6 +247,7 @@ class Shim:
         self.attempt_dir = Path(args.attempt_dir)
         self.work_dir = Path(args.work_dir)
         self.lease = Path(args.lease) if args.lease else None
+        self.lease_epoch: int | None = args.lease_epoch
         self.fence_grace_s: float = args.fence_grace
         self.uid: int | None = args.uid
         # Held, never closed: the kernel drops the claim when this process is gone.
@@ -334,6 +335,13 @@ class Shim:
         now = time.time()
         if lease is None or lease.expired(now):
             raise ShimError(f"{LEASE_LAPSED_TEXT}: not starting ({self._why(now)})")
+        if self.lease_epoch is not None and lease.epoch != self.lease_epoch:
+            # It ran out after the agent accepted this launch (the agent fenced every attempt
+            # then) and was held again since: the portal may run this attempt elsewhere now.
+            raise ShimError(
+                f"{LEASE_LAPSED_TEXT}: not starting (the launch was accepted in lease epoch "
+                f"{self.lease_epoch}; the lease ran out since and is now in epoch {lease.epoch})"
+            )
 
     def _job_rlimits(self, request: dict[str, Any]) -> dict[str, int]:
         rlimits: dict[str, int] = {}
@@ -586,6 +594,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attempt-dir")
     parser.add_argument("--work-dir")
     parser.add_argument("--lease", default="")
+    # The lease epoch the agent accepted the launch in (workers.lease): not started in another.
+    parser.add_argument("--lease-epoch", type=int, default=None)
     parser.add_argument("--fence-grace", type=float, default=2.0)
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)

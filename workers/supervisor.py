@@ -89,6 +89,7 @@ class Attempt:
     stop_grace_s: float = 0.0
     stop_note: str = ""
     log_chunks: int = 0
+    lease_epoch: int | None = None  # the agent's lease epoch it was accepted in
 
 
 class Supervisor:
@@ -103,6 +104,7 @@ class Supervisor:
         clock: Callable[[], float] = time.time,
         may_launch: Callable[[], bool] = lambda: True,
         slice_gone: Callable[[Launch], str | None] = lambda launch: None,
+        lease_epoch: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.node = node
         self.launcher = launcher
@@ -111,6 +113,8 @@ class Supervisor:
         self.kill_grace_s = kill_grace_s
         self._clock = clock
         self._may_launch = may_launch
+        # The lease epoch a launch is accepted in, handed to the launcher (workers.lease).
+        self._lease_epoch = lease_epoch
         # Why one of the launch's slices is no longer on the node (None: all are there).
         self._slice_gone = slice_gone
         self._lock = threading.Lock()
@@ -145,7 +149,9 @@ class Supervisor:
                     return
                 else:
                     self.journal.record_launch(msg)
-                    attempt = self._remember(Attempt(key=key, launch=msg))
+                    attempt = self._remember(
+                        Attempt(key=key, launch=msg, lease_epoch=self._lease_epoch())
+                    )
                     # Older attempts of this job still running here stop first (fencing).
                     older = [
                         a
@@ -387,7 +393,7 @@ class Supervisor:
             self._finish_stopped(attempt, None)
             return
         try:
-            run = self.launcher.start(launch)
+            run = self.launcher.start(launch, lease_epoch=attempt.lease_epoch)
         except LeaseLapsed as exc:
             log.warning("job %s attempt %s not started: %s", *attempt.key, exc)
             self._finish(attempt, None, "fenced", str(exc))

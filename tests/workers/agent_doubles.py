@@ -172,8 +172,10 @@ class ScriptedLauncher:
         self.runs: list[ScriptedRun] = []
         self.fail_with = fail_with
         self.output = output or []
+        self.lease_epochs: list[int | None] = []  # what each start was handed
 
-    def start(self, launch: Launch) -> ScriptedRun:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> ScriptedRun:
+        self.lease_epochs.append(lease_epoch)
         if self.fail_with is not None:
             raise self.fail_with
         run = ScriptedRun(pid=1000 + len(self.runs), output=list(self.output))

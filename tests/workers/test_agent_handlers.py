@@ -315,10 +315,10 @@ def test_a_stop_during_start_terminates_the_run_as_soon_as_it_exists(
             self.entered = threading.Event()
             self.gate = threading.Event()
 
-        def start(self, launch):  # type: ignore[no-untyped-def]
+        def start(self, launch, *, lease_epoch=None):  # type: ignore[no-untyped-def]
             self.entered.set()
             self.gate.wait(5)
-            return super().start(launch)
+            return super().start(launch, lease_epoch=lease_epoch)
 
     gated = GatedLauncher()
     agent = make_agent(sender, gated, tmp_path)
@@ -585,6 +585,34 @@ def test_when_the_lease_lapses_the_agent_fences_its_jobs_and_reports_them(
     grant_lease(agent)
     launch(agent, job_id=2)
     sender.started(2)
+    launcher.runs[1].exit(0)
+    assert agent.supervisor.join(5)
+
+
+def test_a_lease_held_again_after_it_ran_out_is_a_new_epoch_and_its_lapse_is_fenced(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    # The lease ran out and the next ack came before any check saw it (an agent thawed
+    # after a freeze): its jobs are fenced all the same, and launches it had accepted before
+    # are handed the old epoch, which their watcher refuses (test_process_shim).
+    clock = Clock()
+    agent = make_agent(sender, launcher, tmp_path, clock=clock)
+    launch(agent)
+    sender.started()
+    assert agent.lease.held_epoch() == 0 and launcher.lease_epochs == [0]
+    clock.now += LEASE_S
+    assert agent.lease.held_epoch() is None  # ran out: nothing may launch
+    grant_lease(agent)
+    lease = read_lease(tmp_path / "lease.json")
+    assert agent.lease.held_epoch() == 1 and lease is not None and lease.epoch == 1
+    agent.check_lease()
+    assert sender.finished().outcome == "fenced"
+    assert launcher.runs[0].terminated_with == [2.0]
+    agent.check_lease()  # once
+    assert launcher.runs[0].terminated_with == [2.0]
+    launch(agent, job_id=2)
+    sender.started(2)
+    assert launcher.lease_epochs == [0, 1]
     launcher.runs[1].exit(0)
     assert agent.supervisor.join(5)
 

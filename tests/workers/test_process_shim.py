@@ -24,7 +24,7 @@ from job_processes import (
     start_agent,
 )
 
-from workers.launch import LaunchError
+from workers.launch import LaunchError, LeaseLapsed
 from workers.launchers.process import JobUids, claim_uid, isolation_summary
 from workers.lease import Lease, write_lease
 from workers.settings import AgentSettings
@@ -225,6 +225,22 @@ def test_a_job_is_not_started_once_the_lease_has_expired(tmp_path: Path) -> None
     with pytest.raises(LaunchError, match="^the agent's lease has expired: not starting"):
         launcher(tmp_path / "agent", lease_path=lease).start(make_launch(["touch", str(marker)]))
     assert not marker.exists()
+
+
+def test_a_launch_accepted_in_an_earlier_lease_epoch_is_not_started(tmp_path: Path) -> None:
+    # Seen in the short chaos run: an agent accepted a launch, was frozen, thawed, fenced
+    # (its lease had run out) and acknowledged again before the shim looked. The lease was
+    # valid by then, but the portal had requeued the attempt elsewhere: started, it ran
+    # beside its successor until the portal's stop reached it (8 ms).
+    lease = tmp_path / "lease.json"
+    write_lease(lease, Lease(valid_until=time.time() + 30, boot="test", epoch=1))
+    marker = tmp_path / "ran"
+    jobs = launcher(tmp_path / "agent", lease_path=lease)
+    with pytest.raises(LeaseLapsed, match="accepted in lease epoch 0; the lease ran out since"):
+        jobs.start(make_launch(["touch", str(marker)]), lease_epoch=0)
+    assert not marker.exists()
+    run = jobs.start(make_launch(["touch", str(marker)], job_id=2), lease_epoch=1)
+    assert run.wait() == 0 and marker.exists()
 
 
 def test_a_missing_lease_file_fences_like_an_expired_one(tmp_path: Path) -> None:

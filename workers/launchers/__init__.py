@@ -56,9 +56,11 @@ class Run(Protocol):
 class Launcher(Protocol):
     name: str
 
-    def start(self, launch: Launch) -> Run:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> Run:
         """Start the attempt or raise (LaunchError, OSError, an engine error): the caller
-        reports any exception as outcome 'launch_error'."""
+        reports any exception as outcome 'launch_error'. ``lease_epoch``: the agent's lease
+        epoch the launch was accepted in (workers.lease); a launcher whose watcher reads the
+        lease refuses to start it in another epoch (LeaseLapsed)."""
         ...
 
 

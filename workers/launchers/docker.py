@@ -331,7 +331,9 @@ class DockerLauncher:
         self.policy = policy if policy is not None else load_host_policy(None)
         self.scratch_root = Path(self.policy.scratch_root or workdir / SCRATCH_DIR)
 
-    def start(self, launch: Launch) -> DockerRun:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> DockerRun:
+        # lease_epoch is not checked here: the agent starts the container itself, and the
+        # fence stops one that an agent thawed after its lease ran out had started anyway.
         container, scratch = self.create(launch)
         try:
             container.start()

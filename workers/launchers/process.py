@@ -671,11 +671,11 @@ class ProcessLauncher:
             return None
         return self.limits.cgroups.root / f"{self._cgroup_prefix}-{key[0]}-{key[1]}"
 
-    def start(self, launch: Launch) -> ProcessRun:
+    def start(self, launch: Launch, *, lease_epoch: int | None = None) -> ProcessRun:
         notes = self._image_notes(launch)
         uid = self._uids.acquire() if self._uids is not None else None
         try:
-            return self._start(launch, uid, notes)
+            return self._start(launch, uid, notes, lease_epoch)
         except BaseException:
             if uid is not None and self._uids is not None:
                 self._uids.release(uid)
@@ -739,7 +739,9 @@ class ProcessLauncher:
 
     # Start ------------------------------------------------------------------------------------
 
-    def _start(self, launch: Launch, uid: int | None, notes: tuple[str, ...]) -> ProcessRun:
+    def _start(
+        self, launch: Launch, uid: int | None, notes: tuple[str, ...], lease_epoch: int | None
+    ) -> ProcessRun:
         if uid is not None:
             self._refuse_exposed_private_files()
         attempt_dir = self._fresh_attempt_dir(launch)
@@ -769,6 +771,8 @@ class ProcessLauncher:
         ]
         if self.lease_path is not None:
             argv.append(f"--lease={self.lease_path}")
+            if lease_epoch is not None:  # the shim starts it only in that epoch
+                argv.append(f"--lease-epoch={lease_epoch}")
         inherited = [shim_end.fileno()]
         if uid is not None:
             argv += [f"--uid={uid}", f"--gid={uid}"]
