@@ -206,15 +206,11 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30) ->
         time.sleep(0.1)
 
 
-def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control(
-    broker_url: str, tmp_path: Path, open_dir: Path
-) -> None:
-    node = f"test-{uuid.uuid4().hex[:8]}"
-    key = secrets.token_bytes(KEY_BYTES)
-    workdir = open_dir / "agent"
-    python, job_env = python_for_job_uids()
-    outbox = workdir / "outbox"
-    portal = FakePortal(broker_url, node=node, key=key)
+def start_agent(
+    broker_url: str, node: str, key: bytes, workdir: Path, tmp_path: Path, **settings: str
+) -> tuple[subprocess.Popen[bytes], Any]:
+    """`python -m workers` as a GPU host runs it, on the described inventory, with
+    ``settings`` (PORTAL_AGENT_* and the like) on top; its output goes to agent.log."""
     log_file = (tmp_path / "agent.log").open("w")
     agent = subprocess.Popen(
         [sys.executable, "-m", "workers"],
@@ -227,25 +223,44 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
             "PORTAL_AGENT_GPU_SOURCE": "described",
             "PORTAL_AGENT_WORKDIR": str(workdir),
             "PORTAL_VAR_DIR": str(tmp_path / "var"),
-            "PORTAL_AGENT_HEARTBEAT_S": "0.5",
-            "PORTAL_AGENT_CONCURRENCY": "2",
-            # No resend within the test: each report arrives once unless the agent re-reports.
+            # No resend within a test: each report arrives once unless the agent re-reports.
             "PORTAL_AGENT_RESEND_S": "600",
+            **settings,
         },
         stdout=log_file,
         stderr=subprocess.STDOUT,
     )
+    return agent, log_file
+
+
+def wait_for_lease(workdir: Path) -> None:
+    """The agent launches nothing before the portal acknowledged one of its heartbeats."""
+    wait_until(
+        lambda: (
+            (lease := read_lease(lease_path(workdir))) is not None
+            and lease.valid_until > time.time()
+        ),
+        "the agent holds a lease",
+    )
+
+
+def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control(
+    broker_url: str, tmp_path: Path, open_dir: Path
+) -> None:
+    node = f"test-{uuid.uuid4().hex[:8]}"
+    key = secrets.token_bytes(KEY_BYTES)
+    workdir = open_dir / "agent"
+    python, job_env = python_for_job_uids()
+    outbox = workdir / "outbox"
+    portal = FakePortal(broker_url, node=node, key=key)
+    agent, log_file = start_agent(
+        broker_url, node, key, workdir, tmp_path,
+        PORTAL_AGENT_HEARTBEAT_S="0.5", PORTAL_AGENT_CONCURRENCY="2",
+    )  # fmt: skip
     try:
         registration = portal.wait_for(lambda m: isinstance(m, Heartbeat) and m.node == node)
         assert registration.inventory.driver == "described"
-        # The agent launches nothing before the portal acknowledged one of its heartbeats.
-        wait_until(
-            lambda: (
-                (lease := read_lease(lease_path(workdir))) is not None
-                and lease.valid_until > time.time()
-            ),
-            "the agent holds a lease",
-        )
+        wait_for_lease(workdir)
         gpu = registration.inventory.gpus[0]
         # The slice key the portal sends: a whole GPU's is its UUID (the agent checks it).
         device = Device(slice_id=gpu.uuid, kind="whole", gpu_uuid=gpu.uuid, gpu_index=0)
@@ -355,35 +370,15 @@ def test_sighup_makes_the_running_agent_read_its_inventory_again_and_stop_what_w
     description = tmp_path / "inventory.json"
     description.write_text('{"gpus": [{"mode": "mig", "mig": ["3g.40gb", "3g.40gb"]}]}')
     portal = FakePortal(broker_url, node=node, key=key)
-    log_file = (tmp_path / "agent.log").open("w")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "workers"],
-        cwd=REPO,
-        env={
-            "PATH": os.environ["PATH"],
-            "PORTAL_BROKER_URL": broker_url,
-            "PORTAL_AGENT_NODE": node,
-            "PORTAL_AGENT_KEY": key_to_text(key),
-            "PORTAL_AGENT_GPU_SOURCE": "described",
-            "PORTAL_AGENT_INVENTORY": str(description),
-            "PORTAL_AGENT_WORKDIR": str(open_dir / "agent"),
-            "PORTAL_VAR_DIR": str(tmp_path / "var"),
-            # A long period between heartbeats: the heartbeat after SIGHUP is not a regular one.
-            "PORTAL_AGENT_HEARTBEAT_S": "20",
-            "PORTAL_AGENT_RESEND_S": "600",
-        },
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
+    agent, log_file = start_agent(
+        broker_url, node, key, open_dir / "agent", tmp_path,
+        PORTAL_AGENT_INVENTORY=str(description),
+        # A long period between heartbeats: the heartbeat after SIGHUP is not a regular one.
+        PORTAL_AGENT_HEARTBEAT_S="20",
+    )  # fmt: skip
     try:
         first = portal.wait_for(lambda m: isinstance(m, Heartbeat) and m.node == node)
-        wait_until(
-            lambda: (
-                (lease := read_lease(lease_path(open_dir / "agent"))) is not None
-                and lease.valid_until > time.time()
-            ),
-            "the agent holds a lease",
-        )
+        wait_for_lease(open_dir / "agent")
         (gpu,) = first.inventory.gpus
         staying, going = gpu.mig  # described MIG ids follow position and profile
         on = Device(
