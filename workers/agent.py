@@ -292,7 +292,6 @@ class Agent:
             journal=self.journal,
             kill_grace_s=kill_grace_s,
             clock=clock,
-            may_launch=self.lease.held,
             lease_epoch=self.lease.held_epoch,
             slice_gone=self.slice_gone,
         )

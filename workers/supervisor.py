@@ -102,9 +102,8 @@ class Supervisor:
         journal: AttemptJournal,
         kill_grace_s: float = 10.0,
         clock: Callable[[], float] = time.time,
-        may_launch: Callable[[], bool] = lambda: True,
         slice_gone: Callable[[Launch], str | None] = lambda launch: None,
-        lease_epoch: Callable[[], int | None] = lambda: None,
+        lease_epoch: Callable[[], int | None] = lambda: 0,
     ) -> None:
         self.node = node
         self.launcher = launcher
@@ -112,8 +111,8 @@ class Supervisor:
         self.journal = journal
         self.kill_grace_s = kill_grace_s
         self._clock = clock
-        self._may_launch = may_launch
-        # The lease epoch a launch is accepted in, handed to the launcher (workers.lease).
+        # The agent's lease epoch while it holds its lease, None when it does not (nothing
+        # may launch then); a launch is handed the epoch it was accepted in (workers.lease).
         self._lease_epoch = lease_epoch
         # Why one of the launch's slices is no longer on the node (None: all are there).
         self._slice_gone = slice_gone
@@ -140,7 +139,7 @@ class Supervisor:
                         "superseded",
                         f"attempt {highest} of this job was seen on {self.node} first",
                     )
-                elif self._shutting_down or not self._may_launch():
+                elif self._shutting_down or (epoch := self._lease_epoch()) is None:
                     log.warning(
                         "job %s attempt %s: launch refused (%s); the portal sends it again",
                         *key,
@@ -149,9 +148,7 @@ class Supervisor:
                     return
                 else:
                     self.journal.record_launch(msg)
-                    attempt = self._remember(
-                        Attempt(key=key, launch=msg, lease_epoch=self._lease_epoch())
-                    )
+                    attempt = self._remember(Attempt(key=key, launch=msg, lease_epoch=epoch))
                     # Older attempts of this job still running here stop first (fencing).
                     older = [
                         a
