@@ -26,11 +26,13 @@ from portal.agents.keys import node_keys
 from portal.agents.models import Dispatch
 from portal.agents.trust import seal_for
 from portal.celery import app
+from portal.cluster.models import Node
 from portal.jobs.attempts import attempt_end
 from portal.jobs.gangs import GangMember, gang_members, rendezvous_env
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.policy import scheduler_config
 from workers.protocol import (
+    LAUNCHES_MAX,
     STOP_REASONS,
     TASK_ACK,
     TASK_LAUNCH,
@@ -40,6 +42,7 @@ from workers.protocol import (
     ContainerPolicy,
     Device,
     Launch,
+    Launches,
     Message,
     ProtocolError,
     Query,
@@ -64,7 +67,8 @@ def send_launch(job_id: int) -> None:
 
 
 def send_launches(job_ids: Iterable[int], *, now: datetime | None = None) -> int:
-    """Send one launch per node per ASSIGNED job among ``job_ids``; returns messages sent."""
+    """Send one launch per node per ASSIGNED job among ``job_ids``, together per node where
+    its agent takes batches; returns launches sent (one per job and node)."""
     ids = list(dict.fromkeys(job_ids))
     sent = 0
     for start in range(0, len(ids), _CHUNK):
@@ -124,14 +128,44 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
             _fail_unlaunchable(job, str(error))
             continue
         outgoing += messages
-    published = _publish_all(TASK_LAUNCH, [(node, message) for _, node, message in outgoing], keys)
-    sent = len(outgoing)
+    messages = _launch_messages(outgoing)
+    published = _publish_all(TASK_LAUNCH, [(node, message) for node, message, _ in messages], keys)
     ok: dict[int, bool] = {}
-    for (job, _, _), was_sent in zip(outgoing, published, strict=True):
-        ok[job.pk] = ok.get(job.pk, False) or was_sent
+    for (_, _, job_ids), was_sent in zip(messages, published, strict=True):
+        for job_id in job_ids:
+            ok[job_id] = ok.get(job_id, False) or was_sent
     launched = [(job.pk, job.attempt) for job in jobs.values() if ok.get(job.pk)]
     record_dispatch(Dispatch.Kind.LAUNCH, launched, now)
-    return sent
+    return len(outgoing)
+
+
+def _launch_messages(
+    outgoing: Sequence[tuple[Job, str, Launch]],
+) -> list[tuple[str, Launch | Launches, list[int]]]:
+    """(node, message, its job ids): a node whose agent takes batches (``launch_batches``)
+    gets its launches together, LAUNCHES_MAX a message; any other one launch a message. A
+    pass that fills a node of 8 GPUs sends it one message, not eight."""
+    batching = set(
+        Node.objects.filter(
+            name__in={node for _, node, _ in outgoing}, launch_batches=True
+        ).values_list("name", flat=True)
+    )
+    messages: list[tuple[str, Launch | Launches, list[int]]] = []
+    by_node: dict[str, list[Launch]] = defaultdict(list)
+    for job, node, launch in outgoing:
+        if node in batching:
+            by_node[node].append(launch)
+        else:
+            messages.append((node, launch, [job.pk]))
+    for node, launches in by_node.items():
+        for start in range(0, len(launches), LAUNCHES_MAX):
+            chunk = launches[start : start + LAUNCHES_MAX]
+            if len(chunk) == 1:
+                messages.append((node, chunk[0], [chunk[0].job_id]))
+            else:
+                batch = Launches(node=node, launches=tuple(chunk))
+                messages.append((node, batch, [launch.job_id for launch in chunk]))
+    return messages
 
 
 def launch_message(
