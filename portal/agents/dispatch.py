@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -85,18 +86,20 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     }
     devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
     units: dict[tuple[int, str], float] = defaultdict(float)  # GPU units per (job, node)
+    # Plain rows, not model objects: a pass launches thousands of jobs at once, and building
+    # four model instances per allocation cost more than everything else here.
     allocations = (
         Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
-        .select_related("slice__gpu__node")
         .order_by("job_id", "slice__gpu__index", "slice__key")
+        .values_list("job_id", "attempt", "slice__gpu__node__name", *_SLICE_COLUMNS)
     )
-    for allocation in allocations:
-        job = jobs[allocation.job_id]
-        if allocation.attempt != job.attempt:
+    for job_id, attempt, node, *slice_values in allocations:
+        job = jobs[job_id]
+        if attempt != job.attempt:
             continue
-        node = allocation.slice.gpu.node.name
-        devices[job.pk][node].append(device_of(allocation))
-        units[job.pk, node] += allocation.slice.units
+        item = AllocatedSlice(*slice_values)
+        devices[job.pk][node].append(device_of(item))
+        units[job.pk, node] += item.units
     keys = node_keys({node for by_node in devices.values() for node in by_node})
     outgoing: list[tuple[Job, str, Launch]] = []
     for job in jobs.values():
@@ -229,17 +232,41 @@ def container_policy(job: Job, *, units: float) -> ContainerPolicy:
     )
 
 
-def device_of(allocation: Allocation) -> Device:
+@dataclass(frozen=True, slots=True)
+class AllocatedSlice:
+    """What a launch says of one allocated slice (the columns of ``_SLICE_COLUMNS``)."""
+
+    key: str
+    kind: str
+    profile: str
+    mig_uuid: str
+    units: float
+    gpu_uuid: str
+    gpu_index: int
+    gpu_memory_mb: int | None
+
+
+_SLICE_COLUMNS = (
+    "slice__key",
+    "slice__kind",
+    "slice__profile",
+    "slice__mig_uuid",
+    "slice__units",
+    "slice__gpu__uuid",
+    "slice__gpu__index",
+    "slice__gpu__memory_mb",
+)
+
+
+def device_of(item: AllocatedSlice) -> Device:
     """The protocol's view of one allocated slice."""
-    item = allocation.slice
-    gpu = item.gpu
     if item.kind == "mig":
         match = _MIG_MEMORY.search(item.profile)
         return Device(
             slice_id=item.key,
             kind="mig",
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
+            gpu_uuid=item.gpu_uuid,
+            gpu_index=item.gpu_index,
             mig_uuid=item.mig_uuid,
             profile=item.profile,
             memory_mb=int(match.group(2)) * 1024 if match else None,
@@ -248,17 +275,17 @@ def device_of(allocation: Allocation) -> Device:
         return Device(
             slice_id=item.key,
             kind="mps",
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
+            gpu_uuid=item.gpu_uuid,
+            gpu_index=item.gpu_index,
             mps_fraction=item.units,
-            memory_mb=int(gpu.memory_mb * item.units) if gpu.memory_mb else None,
+            memory_mb=int(item.gpu_memory_mb * item.units) if item.gpu_memory_mb else None,
         )
     return Device(
         slice_id=item.key,
         kind="whole",
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        memory_mb=gpu.memory_mb or None,
+        gpu_uuid=item.gpu_uuid,
+        gpu_index=item.gpu_index,
+        memory_mb=item.gpu_memory_mb or None,
     )
 
 
