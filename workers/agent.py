@@ -18,8 +18,9 @@
    The lease is also written to `<workdir>/lease.json`, which each job's own watcher reads,
    so the jobs stop in time even when the agent process is frozen.
 5. Consume only `node.<name>`: `agent.launch` (a `launch`, or a `launches` batch of them),
-   `agent.stop`, `agent.query` and `agent.ack`, one signed envelope each (workers.signing). Tasks ack late, prefetch one, run on a thread
-   pool, and return at once: supervision of an attempt lives on its own thread.
+   `agent.stop`, `agent.query` and `agent.ack`, one signed envelope each (workers.signing).
+   Tasks ack late, prefetch one, run on a thread pool, and return at once: supervision of an
+   attempt lives on its own thread.
 6. The inventory follows the hardware (workers.hardware): read again on SIGHUP, every
    PORTAL_AGENT_INVENTORY_S, on a critical Xid error and when a GPU sample fails. Attempts on
    slices that are gone are stopped and reported `lost` with the reason (GPU_LOST: ...,
@@ -30,7 +31,8 @@
 
 Reports (`started`, `log`, `finished`) are written to the outbox before they are sent, go
 out in `reports` batches (what piled up while the last batch was on its way goes together)
-and are re-sent every PORTAL_AGENT_RESEND_S until acknowledged. The agent never imports the portal.
+and are re-sent every PORTAL_AGENT_RESEND_S until acknowledged. The agent never imports the
+portal.
 """
 
 from __future__ import annotations
