@@ -22,6 +22,8 @@ any status but the one expected, is counted and reported as an error).
 Prints req/s, p50 and p99 for each, and admissions/s; writes them under ``"api"`` in
 bench/results.json (the other keys kept). Options: ``--duration``, ``--connections``,
 ``--threads`` (wrk), ``--web-workers``, ``--worker-threads``, ``--nodes``, ``--history``, ``--users``, ``--out``.
+``--admissions-only`` runs phase 1 alone (no wrk needed; no web server started) and writes
+it under ``"api_admissions"``; with a small ``--nodes`` it is a quick check.
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ def run(
     users: int = 200,
     web_workers: int | None = None,
     worker_threads: int | None = None,
+    admissions_only: bool = False,
 ) -> dict[str, Any]:
     import django
 
@@ -119,7 +122,8 @@ def run(
             "bench.api: set DATABASE_URL=postgres://... and REDIS_URL=redis://... "
             "(it measures gunicorn on PostgreSQL and Redis)"
         )
-    _require_wrk()
+    if not admissions_only:
+        _require_wrk()
     threads_of_worker = worker_threads or processes.control_worker_threads(sqlite=False)
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -143,7 +147,7 @@ def run(
         connection.close()
         stack = PortalStack(
             folder,
-            web=True,
+            web=not admissions_only,
             agent=False,
             web_workers=web_workers,  # None: sized from the cores, as runportal does
             worker_concurrency=threads_of_worker,
@@ -152,10 +156,12 @@ def run(
             env={"PORTAL_AGENT_LEASE_S": "3600"},
         )
         with stack, FakeAgents(stack.broker_url, world["keys"]) as agents:
-            assert stack.url is not None
             print("\n== admissions: queue -> RUNNING, agents that answer at once ==", flush=True)
             results["admissions"] = _admissions(world, agents)
             _print_admissions(results["admissions"])
+            if admissions_only:
+                return results
+            assert stack.url is not None
             for label, path in (
                 ("list_limit_1", "/api/v1/jobs/?limit=1"),
                 ("list", "/api/v1/jobs/"),
@@ -207,7 +213,8 @@ def _build_world(*, nodes: int, users: int, history: int) -> dict[str, Any]:
     names = [f"bench-{index:04d}" for index in range(nodes)]
     description = {"gpus": [{"mode": "whole", "count": GPUS_PER_NODE}]}
     for name in names:
-        register_node(name, description=description)
+        # As the fake agents say they do: they take a node's launches in one message.
+        register_node(name, description=description, launch_batches=True)
     keys = {name: key_from_text(node_key_text(name=name)) for name in names}
 
     team = Team.objects.create(name=TEAM, weight=1.0)
@@ -444,6 +451,11 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="control worker threads (default: 4 per core, 4 to 16, as runportal on PostgreSQL)",
     )
+    parser.add_argument(
+        "--admissions-only",
+        action="store_true",
+        help="phase 1 alone (no wrk, no web server); written under 'api_admissions'",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args(argv)
     results = run(
@@ -455,9 +467,11 @@ def main(argv: list[str] | None = None) -> None:
         users=args.users,
         web_workers=args.web_workers,
         worker_threads=args.worker_threads,
+        admissions_only=args.admissions_only,
     )
-    merge_into(args.out, "api", results)
-    print(f"\nwrote the 'api' key of {args.out}")
+    key = "api_admissions" if args.admissions_only else "api"
+    merge_into(args.out, key, results)
+    print(f"\nwrote the '{key}' key of {args.out}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ A few threads, each with its own broker connection, consume the queues of many n
 (``node.<name>``, as the real agent does, with the same kombu queue declaration; each thread
 a share of the nodes) and answer every launch the portal sends, once its
 signature is checked with the node's key, with a signed ``started`` report sent the way the
-real agent sends it (``workers.agent.CelerySender`` on the ``control`` queue). Nothing is
+real agent sends it: in ``reports`` batches (``workers.protocol.report_batches``), signed and
+sent by ``workers.agent.CelerySender`` on the ``control`` queue. A ``launches`` message (the
+portal sends one per node and pass to agents that take them, as these say they do when they
+register: ``launch_batches``) is answered with one batch of its ``started`` reports, as the
+real agent's reports pile up into one batch while it starts a node's attempts. Nothing is
 run; acknowledgements and other messages are taken off the queue and dropped. It records
 when the last launch arrived and when the last report went out, so the benchmark can say
 where the time went (the pass, dispatch, or the portal's handling of the reports).
@@ -22,7 +26,14 @@ from kombu import Connection, Consumer
 from kombu.entity import Queue
 
 from workers.agent import CelerySender, make_celery_app
-from workers.protocol import TASK_LAUNCH, Launch, Started, node_queue
+from workers.protocol import (
+    TASK_LAUNCH,
+    Launch,
+    Launches,
+    Started,
+    node_queue,
+    report_batches,
+)
 from workers.signing import SignatureError, message_of, open_envelope, verify_signature
 
 
@@ -107,12 +118,12 @@ class FakeAgents:
                 self.refused += 1
             return
         verify_signature(envelope, key)
-        launch = message_of(envelope, allowed_types={Launch.TYPE})
-        assert isinstance(launch, Launch)
+        message = message_of(envelope, allowed_types={Launch.TYPE, Launches.TYPE})
+        launches = message.launches if isinstance(message, Launches) else (message,)
         with self._count:
-            self.launches += 1
+            self.launches += len(launches)
             self.last_launch_at = time.monotonic()
-        senders[envelope.node](
+        started = [
             Started(
                 node=envelope.node,
                 job_id=launch.job_id,
@@ -120,7 +131,11 @@ class FakeAgents:
                 started_at=time.time(),
                 pid=os.getpid(),
             )
-        )
+            for launch in launches
+            if isinstance(launch, Launch)
+        ]
+        for batch in report_batches(envelope.node, started):
+            senders[envelope.node](batch)
         with self._count:
-            self.started_sent += 1
+            self.started_sent += len(started)
             self.last_started_at = time.monotonic()

@@ -11,7 +11,8 @@ rows travel as ONE JSON parameter that the database unpacks itself:
   WHERE t.id = json_extract(v.value, '$[0]')``
 
 An optional guard on the row's current state means an update never overwrites a job that
-moved on since the snapshot.
+moved on since the snapshot; ``match`` columns guard each row by values of its own (the
+attempt a report is about), and ``updated_pks`` says which rows the guards let through.
 """
 
 from __future__ import annotations
@@ -40,21 +41,63 @@ def update_rows(
     ``only_changed`` skips rows whose columns already hold these values (and does not count
     them), so a pass that explains the same queue again writes nothing.
     """
+    count, _ = _update(
+        model, columns, rows, where_state=where_state, only_changed=only_changed, match=()
+    )
+    return count
+
+
+def updated_pks(
+    model: type[models.Model],
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    where_state: str,
+    match: Sequence[str],
+) -> list[int]:
+    """``update_rows`` guarded per row as well: ``rows`` are ``(pk, values of columns...,
+    values of match...)``, and a row changes only while its ``match`` columns hold its values
+    (and its state is ``where_state``). Returns the pks of the rows that changed."""
+    _, pks = _update(model, columns, rows, where_state=where_state, only_changed=False, match=match)
+    return pks
+
+
+def _update(
+    model: type[models.Model],
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    where_state: str | None,
+    only_changed: bool,
+    match: Sequence[str],
+) -> tuple[int, list[int]]:
     if not rows:
-        return 0
+        return 0, []
     fields = [model._meta.get_field(name) for name in columns]
+    matched = [model._meta.get_field(name) for name in match]
     pk_column = model._meta.pk.column  # type: ignore[union-attr]
     build = _postgres_sql if connection.vendor == "postgresql" else _sqlite_sql
-    sql = build(model, fields, guarded=where_state is not None, only_changed=only_changed)
+    sql = build(
+        model, fields, guarded=where_state is not None, only_changed=only_changed, match=matched
+    )
+    returning = bool(matched)
     updated = 0
+    pks: list[int] = []
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
-            payload = json.dumps([_json_row(pk_column, fields, row) for row in chunk])
+            payload = json.dumps(
+                [_json_row(pk_column, [*fields, *matched], row, len(matched)) for row in chunk]
+            )
             params: list[Any] = [payload] if where_state is None else [payload, where_state]
             cursor.execute(sql, params)
-            updated += _rows_changed(cursor)
-    return updated
+            if returning:
+                changed = [int(row[0]) for row in cursor.fetchall()]
+                pks += changed
+                updated += len(changed)
+            else:
+                updated += _rows_changed(cursor)
+    return updated, pks
 
 
 # Fields whose values ``_sqlite_value`` turns into what SQLite stores (JSON text, time text).
@@ -106,27 +149,42 @@ def _json_values(fields: list[Any], row: tuple[Any, ...]) -> Any:
 
 
 def _postgres_sql(
-    model: type[models.Model], fields: list[Any], *, guarded: bool, only_changed: bool
+    model: type[models.Model],
+    fields: list[Any],
+    *,
+    guarded: bool,
+    only_changed: bool,
+    match: list[Any],
 ) -> str:
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
     pk = quote(model._meta.pk.column)  # type: ignore[union-attr]
     names = [quote(f.column) for f in fields]
+    # A column both set and matched is read from the row twice: its match value is aliased.
+    matched = [(quote(f.column), quote(f"match_{f.column}"), f) for f in match]
     types = [f"{name} {f.db_type(connection)}" for name, f in zip(names, fields, strict=True)]
+    types += [f"{alias} {f.db_type(connection)}" for _, alias, f in matched]
     assignments = ", ".join(f"{name} = v.{name}" for name in names)
     guard = f" AND {table}.{quote('state')} = %s" if guarded else ""
+    guard += "".join(f" AND {table}.{name} = v.{alias}" for name, alias, _ in matched)
     if only_changed:
         changed = " OR ".join(f"{table}.{name} IS DISTINCT FROM v.{name}" for name in names)
         guard += f" AND ({changed})"
+    returning = f" RETURNING {table}.{pk}" if match else ""
     return (
         f"UPDATE {table} SET {assignments} "
         f"FROM jsonb_to_recordset(%s::jsonb) AS v({pk} bigint, {', '.join(types)}) "
-        f"WHERE {table}.{pk} = v.{pk}{guard}"
+        f"WHERE {table}.{pk} = v.{pk}{guard}{returning}"
     )
 
 
 def _sqlite_sql(
-    model: type[models.Model], fields: list[Any], *, guarded: bool, only_changed: bool
+    model: type[models.Model],
+    fields: list[Any],
+    *,
+    guarded: bool,
+    only_changed: bool,
+    match: list[Any],
 ) -> str:
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
@@ -138,19 +196,25 @@ def _sqlite_sql(
     # The unary + keeps SQLite from driving the join from the state index, which would scan
     # the whole JSON list once per matching job (minutes for a queue of thousands).
     guard = f" AND +{table}.{quote('state')} = %s" if guarded else ""
+    guard += "".join(
+        f" AND {table}.{quote(f.column)} = json_extract(v.value, '$[{i}]')"
+        for i, f in enumerate(match, len(fields) + 1)
+    )
     if only_changed:
         changed = " OR ".join(f"{table}.{name} IS NOT {value}" for name, value in values)
         guard += f" AND ({changed})"
+    returning = f" RETURNING {table}.{pk}" if match else ""
     return (
         f"UPDATE {table} SET {assignments} FROM json_each(%s) AS v "
-        f"WHERE {table}.{pk} = json_extract(v.value, '$[0]'){guard}"
+        f"WHERE {table}.{pk} = json_extract(v.value, '$[0]'){guard}{returning}"
     )
 
 
-def _json_row(pk_column: str, fields: list[Any], row: tuple[Any, ...]) -> Any:
+def _json_row(pk_column: str, fields: list[Any], row: tuple[Any, ...], matched: int = 0) -> Any:
     if connection.vendor == "postgresql":
-        # jsonb_to_recordset reads objects keyed by column name.
-        names = [pk_column, *(f.column for f in fields)]
+        # jsonb_to_recordset reads objects keyed by column name (match columns as match_*).
+        names = [pk_column, *(f.column for f in fields[: len(fields) - matched])]
+        names += [f"match_{f.column}" for f in fields[len(fields) - matched :]]
         return {name: _pg_value(value) for name, value in zip(names, row, strict=True)}
     return [row[0], *(_sqlite_value(f, v) for f, v in zip(fields, row[1:], strict=True))]
 

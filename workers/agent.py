@@ -17,9 +17,10 @@
    every job itself (`fenced`) — before the portal, which waits the full lease, requeues them.
    The lease is also written to `<workdir>/lease.json`, which each job's own watcher reads,
    so the jobs stop in time even when the agent process is frozen.
-5. Consume only `node.<name>`: `agent.launch`, `agent.stop`, `agent.query` and `agent.ack`,
-   one signed envelope each (workers.signing). Tasks ack late, prefetch one, run on a thread
-   pool, and return at once: supervision of an attempt lives on its own thread.
+5. Consume only `node.<name>`: `agent.launch` (a `launch`, or a `launches` batch of them),
+   `agent.stop`, `agent.query` and `agent.ack`, one signed envelope each (workers.signing).
+   Tasks ack late, prefetch one, run on a thread pool, and return at once: supervision of an
+   attempt lives on its own thread.
 6. The inventory follows the hardware (workers.hardware): read again on SIGHUP, every
    PORTAL_AGENT_INVENTORY_S, on a critical Xid error and when a GPU sample fails. Attempts on
    slices that are gone are stopped and reported `lost` with the reason (GPU_LOST: ...,
@@ -28,8 +29,10 @@
 7. On SIGTERM/SIGINT Celery shuts down warm; then the agent stops its jobs (reported as
    preempted, so the portal requeues them), stops its MPS daemons and exits.
 
-Reports (`started`, `log`, `finished`) are written to the outbox before they are sent and
-re-sent every PORTAL_AGENT_RESEND_S until acknowledged. The agent never imports the portal.
+Reports (`started`, `log`, `finished`) are written to the outbox before they are sent, go
+out in `reports` batches (what piled up while the last batch was on its way goes together)
+and are re-sent every PORTAL_AGENT_RESEND_S until acknowledged. The agent never imports the
+portal.
 """
 
 from __future__ import annotations
@@ -85,12 +88,15 @@ from workers.protocol import (
     Heartbeat,
     Inventory,
     Launch,
+    Launches,
     Message,
     Metrics,
     Query,
     Report,
+    Reports,
     Stop,
     node_queue,
+    report_batches,
 )
 from workers.settings import AgentSettings, SettingsError
 from workers.signing import (
@@ -300,6 +306,11 @@ class Agent:
         # Per unacknowledged report: when it was last sent, and how many times so far.
         self._last_sent: dict[tuple[str, int, int, int], tuple[float, int]] = {}
         self._send_lock = threading.Lock()
+        # Reports put in the outbox and not yet sent, and whether a thread is sending: the
+        # reports that arrive while one batch is on its way go together in the next one.
+        self._unsent: list[Report] = []
+        self._sending = False
+        self._unsent_lock = threading.Lock()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self.refused: list[str] = []  # why incoming messages were refused (also logged)
@@ -312,6 +323,9 @@ class Agent:
         message = self._verified(payload)
         if isinstance(message, Launch):
             self.supervisor.launch(message)
+        elif isinstance(message, Launches):
+            for launch in message.launches:
+                self.supervisor.launch(launch)
         elif isinstance(message, Stop):
             self.supervisor.stop(message)
         elif isinstance(message, Query):
@@ -355,12 +369,35 @@ class Agent:
     # --- outgoing -----------------------------------------------------------------------------
 
     def report(self, message: Report) -> bool:
-        """Keep a report in the outbox and try to send it now; False when the outbox refused
-        it (a log chunk past the bound)."""
+        """Keep a report in the outbox and send it; False when the outbox refused it (a log
+        chunk past the bound).
+
+        Reports go out as `reports` batches. A report made while another thread's batch is on
+        its way to the broker waits for the next batch, which that thread sends as soon as its
+        own went: one broker round trip, and one transaction on the portal, for every report
+        that piled up meanwhile. When no other send is under way this thread sends its report
+        at once, alone in its batch."""
         if not self.outbox.put(message):
             return False
-        self._transmit(message)
-        return True
+        with self._unsent_lock:
+            self._unsent.append(message)
+            if self._sending:
+                return True  # the sending thread takes it with its next batch
+            self._sending = True
+        try:
+            while True:
+                with self._unsent_lock:
+                    waiting, self._unsent = self._unsent, []
+                    if not waiting:
+                        self._sending = False
+                        return True
+                for batch in report_batches(self.node, waiting):
+                    # A batch the broker does not take stays in the outbox for a resend.
+                    self._transmit(batch)
+        except BaseException:
+            with self._unsent_lock:
+                self._sending = False
+            raise
 
     def _transmit(self, message: Message) -> bool:
         try:
@@ -368,11 +405,17 @@ class Agent:
         except Exception as error:  # any broker failure: the outbox keeps it for a resend
             log.warning("could not send %s (kept for a resend): %s", message.TYPE, error)
             return False
-        if not isinstance(message, (Heartbeat, Metrics)):
-            rid = report_id(message)  # type: ignore[arg-type]
-            with self._send_lock:
+        sent: tuple[Message, ...] = (message,)
+        if isinstance(message, Reports):
+            sent = message.reports
+        now = time.monotonic()
+        with self._send_lock:
+            for item in sent:
+                if isinstance(item, (Heartbeat, Metrics)):
+                    continue
+                rid = report_id(item)  # type: ignore[arg-type]
                 _, times = self._last_sent.get(rid, (0.0, 0))
-                self._last_sent[rid] = (time.monotonic(), times + 1)
+                self._last_sent[rid] = (now, times + 1)
         return True
 
     def resend_due(self, rid: tuple[str, int, int, int], now: float) -> bool:
@@ -388,17 +431,15 @@ class Agent:
         return now - last >= wait
 
     def resend_pending(self) -> int:
-        """Send again every unacknowledged report that is due (see `resend_due`)."""
+        """Send again every unacknowledged report that is due (see `resend_due`), in
+        `reports` batches; returns how many reports went."""
         now = time.monotonic()
+        due = [r for r in self.outbox.pending() if self.resend_due(report_id(r), now)]
         sent = 0
-        for report in self.outbox.pending():
-            if not self.resend_due(report_id(report), now):
-                continue
-            if not self._transmit(report):
+        for batch in report_batches(self.node, due[:RESEND_BATCH]):
+            if not self._transmit(batch):
                 break  # the broker is away: the next round tries again
-            sent += 1
-            if sent >= RESEND_BATCH:
-                break
+            sent += len(batch.reports)
         return sent
 
     def heartbeat(self) -> Heartbeat:
@@ -416,6 +457,7 @@ class Agent:
             inventory=self.inventory,
             running=tuple(self.supervisor.running()),
             finished=tuple(self.outbox.pending_finished()[:HEARTBEAT_FINISHED_MAX]),
+            launch_batches=True,
         )
 
     # --- the inventory, following the hardware (workers.hardware) ----------------------------

@@ -13,14 +13,17 @@ Messages never travel bare: ``workers.signing`` wraps each one in a signed envel
 (HMAC-SHA256 with the node's key, a timestamp and a nonce).
 
 Control plane -> agent (task names in ``TASK_*``, queue ``node.<name>``): ``Launch``,
-``Stop``, ``Query`` (what do you know of this attempt?) and ``Ack`` (these reports and this
-heartbeat are applied; your lease runs on).
+``Launches`` (several launches of one node in one message, to agents whose heartbeat says
+``launch_batches``), ``Stop``, ``Query`` (what do you know of this attempt?) and ``Ack``
+(these reports and this heartbeat are applied; your lease runs on).
 
 Agent -> control plane (task ``portal.agent_report``, queue ``control``): ``Heartbeat``,
-``Started``, ``LogChunk``, ``Finished`` and ``Metrics``. ``Started``, ``LogChunk`` and
-``Finished`` are *reports*: they wait in the agent's outbox until acknowledged, and each is
-identified by ``report_key()`` = (kind, job_id, attempt, seq) so that the portal applies it
-once however often it arrives.
+``Started``, ``LogChunk``, ``Finished``, ``Reports`` and ``Metrics``. ``Started``,
+``LogChunk`` and ``Finished`` are *reports*: they wait in the agent's outbox until
+acknowledged, and each is identified by ``report_key()`` = (kind, job_id, attempt, seq) so
+that the portal applies it once however often it arrives. An agent sends them in batches,
+``Reports`` (``report_batches``): one signed message, applied in one transaction, acknowledged
+in one ``ack``; each report in it keeps its own key.
 
 Devices: one ``Device`` per portal slice. A job holding two MPS shares of one GPU gets two
 ``Device`` entries (each with its own ``slice_id`` and ``mps_fraction``, e.g. 0.25 + 0.25); the
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import re
 import types
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -60,6 +64,12 @@ SAMPLES_VERSION = 1
 METRICS_MAX_SAMPLES = 2_000
 # One ack names at most this many reports (a heartbeat can settle many at once).
 ACK_MAX_REPORTS = 10_000
+# One `reports` message carries at most this many reports, and at most this much log text
+# (UTF-8 bytes) in them: the portal applies a batch in one transaction, so both bound its cost.
+REPORTS_MAX = 500
+REPORTS_MAX_LOG_BYTES = 1024 * 1024
+# One `launches` message carries at most this many launches (one node's share of a pass).
+LAUNCHES_MAX = 64
 
 SliceKind = Literal["whole", "mig", "mps"]
 GpuMode = Literal["whole", "mig", "mps"]
@@ -470,6 +480,25 @@ class Finished(_Message, frozen=True, tag="finished", kw_only=True):
         return ReportKey(kind="finished", job_id=self.job_id, attempt=self.attempt)
 
 
+class Launches(_Message, frozen=True, tag="launches", kw_only=True):
+    """Several launches for one node in one message (the node's share of a scheduling pass):
+    each is handled as if it had come alone. Every launch names this message's node, and no
+    attempt is listed twice."""
+
+    TYPE: ClassVar[str] = "launches"
+
+    node: NodeName
+    launches: Annotated[tuple[Launch, ...], Meta(min_length=1, max_length=LAUNCHES_MAX)]
+
+    def _check(self) -> None:
+        seen: set[tuple[int, int]] = set()
+        for i, launch in enumerate(self.launches):
+            _require(launch.node == self.node, f"launches[{i}].node", "must be the message's node")
+            key = (launch.job_id, launch.attempt)
+            _require(key not in seen, f"launches[{i}]", f"job {key[0]} attempt {key[1]} twice")
+            seen.add(key)
+
+
 class Heartbeat(_Message, frozen=True, tag="heartbeat", kw_only=True):
     """Registration (first one of a run) and liveness: what the node has and runs.
 
@@ -493,6 +522,9 @@ class Heartbeat(_Message, frozen=True, tag="heartbeat", kw_only=True):
     inventory: Inventory
     running: tuple[RunningAttempt, ...] = ()
     finished: tuple[Finished, ...] = ()
+    # Added in the same protocol version (optional, false by default): this agent takes
+    # `launches` messages, so the portal may send it one node's launches together.
+    launch_batches: bool = False
 
     def _check(self) -> None:
         for i, item in enumerate(self.finished):
@@ -595,17 +627,91 @@ class Metrics(_Message, frozen=True, tag="metrics", kw_only=True):
         )
 
 
-Message = Launch | Stop | Query | Ack | Heartbeat | Started | LogChunk | Finished | Metrics
 Report = Started | LogChunk | Finished
+
+
+def _log_bytes(report: Report) -> int:
+    if not isinstance(report, LogChunk):
+        return 0
+    return len(report.data.encode("utf-8", errors="surrogatepass"))
+
+
+class Reports(_Message, frozen=True, tag="reports", kw_only=True):
+    """Reports of one node sent together (what waited in its outbox): the portal applies
+    them in one transaction and acknowledges them in one ``ack``, each by its own
+    ``report_key()``, exactly as if each had come alone. Every report names this message's
+    node; at most REPORTS_MAX of them and REPORTS_MAX_LOG_BYTES of log text."""
+
+    TYPE: ClassVar[str] = "reports"
+
+    node: NodeName
+    reports: Annotated[
+        tuple[Started | LogChunk | Finished, ...], Meta(min_length=1, max_length=REPORTS_MAX)
+    ]
+
+    def _check(self) -> None:
+        size = 0
+        for i, report in enumerate(self.reports):
+            _require(report.node == self.node, f"reports[{i}].node", "must be the message's node")
+            size += _log_bytes(report)
+        _require(
+            size <= REPORTS_MAX_LOG_BYTES,
+            "reports",
+            f"{size} bytes of log; at most {REPORTS_MAX_LOG_BYTES} in one message",
+        )
+
+
+def report_batches(node: str, reports: Iterable[Report]) -> list[Reports]:
+    """``reports`` (in order) as few ``Reports`` messages as the bounds allow."""
+    batches: list[Reports] = []
+    current: list[Report] = []
+    size = 0
+    for report in reports:
+        weight = _log_bytes(report)
+        if current and (len(current) >= REPORTS_MAX or size + weight > REPORTS_MAX_LOG_BYTES):
+            batches.append(Reports(node=node, reports=tuple(current)))
+            current, size = [], 0
+        current.append(report)
+        size += weight
+    if current:
+        batches.append(Reports(node=node, reports=tuple(current)))
+    return batches
+
+
+Message = (
+    Launch
+    | Launches
+    | Stop
+    | Query
+    | Ack
+    | Heartbeat
+    | Started
+    | LogChunk
+    | Finished
+    | Reports
+    | Metrics
+)
 
 MESSAGE_TYPES: dict[str, type[_Message]] = {
     cls.TYPE: cls
-    for cls in (Launch, Stop, Query, Ack, Heartbeat, Started, LogChunk, Finished, Metrics)
+    for cls in (
+        Launch,
+        Launches,
+        Stop,
+        Query,
+        Ack,
+        Heartbeat,
+        Started,
+        LogChunk,
+        Finished,
+        Reports,
+        Metrics,
+    )
 }
 # Which side may send what: the portal verifies that reports come from agents and agents that
 # orders come from the portal (a node's key signs both directions).
-TO_AGENT_TYPES = frozenset({"launch", "stop", "query", "ack"})
-TO_PORTAL_TYPES = frozenset({"heartbeat", "started", "log", "finished", "metrics"})
+TO_AGENT_TYPES = frozenset({"launch", "launches", "stop", "query", "ack"})
+TO_PORTAL_TYPES = frozenset({"heartbeat", "started", "log", "finished", "reports", "metrics"})
 
 _AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
 # One step of msgspec's error path: `.field`, `[3]`, or `[...]` (a dict's value).

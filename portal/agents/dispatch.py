@@ -15,6 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
@@ -26,11 +27,13 @@ from portal.agents.keys import node_keys
 from portal.agents.models import Dispatch
 from portal.agents.trust import seal_for
 from portal.celery import app
+from portal.cluster.models import Node
 from portal.jobs.attempts import attempt_end
 from portal.jobs.gangs import GangMember, gang_members, rendezvous_env
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.policy import scheduler_config
 from workers.protocol import (
+    LAUNCHES_MAX,
     STOP_REASONS,
     TASK_ACK,
     TASK_LAUNCH,
@@ -40,6 +43,7 @@ from workers.protocol import (
     ContainerPolicy,
     Device,
     Launch,
+    Launches,
     Message,
     ProtocolError,
     Query,
@@ -64,7 +68,8 @@ def send_launch(job_id: int) -> None:
 
 
 def send_launches(job_ids: Iterable[int], *, now: datetime | None = None) -> int:
-    """Send one launch per node per ASSIGNED job among ``job_ids``; returns messages sent."""
+    """Send one launch per node per ASSIGNED job among ``job_ids``, together per node where
+    its agent takes batches; returns launches sent (one per job and node)."""
     ids = list(dict.fromkeys(job_ids))
     sent = 0
     for start in range(0, len(ids), _CHUNK):
@@ -81,18 +86,20 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     }
     devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
     units: dict[tuple[int, str], float] = defaultdict(float)  # GPU units per (job, node)
+    # Plain rows, not model objects: a pass launches thousands of jobs at once, and building
+    # four model instances per allocation cost more than everything else here.
     allocations = (
         Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
-        .select_related("slice__gpu__node")
         .order_by("job_id", "slice__gpu__index", "slice__key")
+        .values_list("job_id", "attempt", "slice__gpu__node__name", *_SLICE_COLUMNS)
     )
-    for allocation in allocations:
-        job = jobs[allocation.job_id]
-        if allocation.attempt != job.attempt:
+    for job_id, attempt, node, *slice_values in allocations:
+        job = jobs[job_id]
+        if attempt != job.attempt:
             continue
-        node = allocation.slice.gpu.node.name
-        devices[job.pk][node].append(device_of(allocation))
-        units[job.pk, node] += allocation.slice.units
+        item = AllocatedSlice(*slice_values)
+        devices[job.pk][node].append(device_of(item))
+        units[job.pk, node] += item.units
     keys = node_keys({node for by_node in devices.values() for node in by_node})
     outgoing: list[tuple[Job, str, Launch]] = []
     for job in jobs.values():
@@ -124,14 +131,44 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
             _fail_unlaunchable(job, str(error))
             continue
         outgoing += messages
-    published = _publish_all(TASK_LAUNCH, [(node, message) for _, node, message in outgoing], keys)
-    sent = len(outgoing)
+    messages = _launch_messages(outgoing)
+    published = _publish_all(TASK_LAUNCH, [(node, message) for node, message, _ in messages], keys)
     ok: dict[int, bool] = {}
-    for (job, _, _), was_sent in zip(outgoing, published, strict=True):
-        ok[job.pk] = ok.get(job.pk, False) or was_sent
+    for (_, _, job_ids), was_sent in zip(messages, published, strict=True):
+        for job_id in job_ids:
+            ok[job_id] = ok.get(job_id, False) or was_sent
     launched = [(job.pk, job.attempt) for job in jobs.values() if ok.get(job.pk)]
     record_dispatch(Dispatch.Kind.LAUNCH, launched, now)
-    return sent
+    return len(outgoing)
+
+
+def _launch_messages(
+    outgoing: Sequence[tuple[Job, str, Launch]],
+) -> list[tuple[str, Launch | Launches, list[int]]]:
+    """(node, message, its job ids): a node whose agent takes batches (``launch_batches``)
+    gets its launches together, LAUNCHES_MAX a message; any other one launch a message. A
+    pass that fills a node of 8 GPUs sends it one message, not eight."""
+    batching = set(
+        Node.objects.filter(
+            name__in={node for _, node, _ in outgoing}, launch_batches=True
+        ).values_list("name", flat=True)
+    )
+    messages: list[tuple[str, Launch | Launches, list[int]]] = []
+    by_node: dict[str, list[Launch]] = defaultdict(list)
+    for job, node, launch in outgoing:
+        if node in batching:
+            by_node[node].append(launch)
+        else:
+            messages.append((node, launch, [job.pk]))
+    for node, launches in by_node.items():
+        for start in range(0, len(launches), LAUNCHES_MAX):
+            chunk = launches[start : start + LAUNCHES_MAX]
+            if len(chunk) == 1:
+                messages.append((node, chunk[0], [chunk[0].job_id]))
+            else:
+                batch = Launches(node=node, launches=tuple(chunk))
+                messages.append((node, batch, [launch.job_id for launch in chunk]))
+    return messages
 
 
 def launch_message(
@@ -195,17 +232,41 @@ def container_policy(job: Job, *, units: float) -> ContainerPolicy:
     )
 
 
-def device_of(allocation: Allocation) -> Device:
+@dataclass(frozen=True, slots=True)
+class AllocatedSlice:
+    """What a launch says of one allocated slice (the columns of ``_SLICE_COLUMNS``)."""
+
+    key: str
+    kind: str
+    profile: str
+    mig_uuid: str
+    units: float
+    gpu_uuid: str
+    gpu_index: int
+    gpu_memory_mb: int | None
+
+
+_SLICE_COLUMNS = (
+    "slice__key",
+    "slice__kind",
+    "slice__profile",
+    "slice__mig_uuid",
+    "slice__units",
+    "slice__gpu__uuid",
+    "slice__gpu__index",
+    "slice__gpu__memory_mb",
+)
+
+
+def device_of(item: AllocatedSlice) -> Device:
     """The protocol's view of one allocated slice."""
-    item = allocation.slice
-    gpu = item.gpu
     if item.kind == "mig":
         match = _MIG_MEMORY.search(item.profile)
         return Device(
             slice_id=item.key,
             kind="mig",
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
+            gpu_uuid=item.gpu_uuid,
+            gpu_index=item.gpu_index,
             mig_uuid=item.mig_uuid,
             profile=item.profile,
             memory_mb=int(match.group(2)) * 1024 if match else None,
@@ -214,17 +275,17 @@ def device_of(allocation: Allocation) -> Device:
         return Device(
             slice_id=item.key,
             kind="mps",
-            gpu_uuid=gpu.uuid,
-            gpu_index=gpu.index,
+            gpu_uuid=item.gpu_uuid,
+            gpu_index=item.gpu_index,
             mps_fraction=item.units,
-            memory_mb=int(gpu.memory_mb * item.units) if gpu.memory_mb else None,
+            memory_mb=int(item.gpu_memory_mb * item.units) if item.gpu_memory_mb else None,
         )
     return Device(
         slice_id=item.key,
         kind="whole",
-        gpu_uuid=gpu.uuid,
-        gpu_index=gpu.index,
-        memory_mb=gpu.memory_mb or None,
+        gpu_uuid=item.gpu_uuid,
+        gpu_index=item.gpu_index,
+        memory_mb=item.gpu_memory_mb or None,
     )
 
 

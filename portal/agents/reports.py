@@ -24,7 +24,13 @@ from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMe
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
-from portal.jobs.attempts import attempt_finish, attempt_settle_late, attempt_start
+from portal.jobs.attempts import (
+    AttemptStarted,
+    attempt_finish,
+    attempt_settle_late,
+    attempt_start,
+    attempts_start,
+)
 from portal.jobs.gangs import gang_members
 from portal.jobs.models import (
     HOLDING_STATES,
@@ -42,7 +48,9 @@ from workers.protocol import (
     LogChunk,
     Message,
     Metrics,
+    Report,
     ReportKey,
+    Reports,
     Started,
 )
 from workers.protocol import Gpu as InventoryGpu
@@ -69,19 +77,10 @@ def handle_report(message: Message, *, now: datetime | None = None) -> Ack | Non
     when = now or timezone.now()
     if isinstance(message, Heartbeat):
         return record_heartbeat(message, now=when)
+    if isinstance(message, Reports):
+        return record_reports(message, now=when)
     if isinstance(message, (Started, LogChunk, Finished)) and not _its_attempt(message):
-        # Signed by a node that was never given this attempt: not applied, but acknowledged,
-        # so a confused agent's outbox does not resend it for ever.
-        record_refusal(
-            SignatureError(
-                "not_its_attempt",
-                f"{message.node} reported {message.TYPE} for job {message.job_id} attempt "
-                f"{message.attempt}, which was never placed on it",
-                node=message.node,
-            ),
-            {"type": message.TYPE},
-            now=when,
-        )
+        _refuse_not_its_attempt(message, now=when)
     elif isinstance(message, Started):
         record_started(message, now=when)
     elif isinstance(message, LogChunk):
@@ -102,6 +101,79 @@ def _its_attempt(message: Started | LogChunk | Finished) -> bool:
     return Allocation.objects.filter(
         job_id=message.job_id, attempt=message.attempt, slice__gpu__node__name=message.node
     ).exists()
+
+
+def _refuse_not_its_attempt(message: Report, *, now: datetime) -> None:
+    """Signed by a node that was never given this attempt: not applied, but acknowledged, so a
+    confused agent's outbox does not resend it for ever."""
+    record_refusal(
+        SignatureError(
+            "not_its_attempt",
+            f"{message.node} reported {message.TYPE} for job {message.job_id} attempt "
+            f"{message.attempt}, which was never placed on it",
+            node=message.node,
+        ),
+        {"type": message.TYPE},
+        now=now,
+    )
+
+
+def record_reports(batch: Reports, *, now: datetime) -> Ack:
+    """A node's batch of reports, in the caller's transaction (the one that claims the batch's
+    nonce), with the same effects as each report handled alone, in the batch's order:
+
+    1. a report repeated inside the batch (same key) is applied once;
+    2. the attempts ever placed on the node are read in one query: a report about another is
+       refused and recorded, and acknowledged (as alone);
+    3. the ``started`` of single-node jobs still ASSIGNED at that attempt move to RUNNING
+       together (``attempts_start``: one guarded UPDATE, one INSERT of events);
+    4. every other report goes the way it goes alone: a ``started`` that did not move (a
+       repeat, a stale attempt, a gang's part), log chunks and ``finished`` (charging,
+       losses, requeues, gangs).
+
+    Returns one acknowledgement naming every report of the batch."""
+    unique: dict[tuple[str, int, int, int], Report] = {}
+    for report in batch.reports:
+        unique.setdefault(report.report_key().as_tuple(), report)
+    reports = list(unique.values())
+    placed = set(
+        Allocation.objects.filter(
+            job_id__in={r.job_id for r in reports}, slice__gpu__node__name=batch.node
+        )
+        .values_list("job_id", "attempt")
+        .distinct()
+    )
+    ours = []
+    for report in reports:
+        if (report.job_id, report.attempt) in placed:
+            ours.append(report)
+        else:
+            _refuse_not_its_attempt(report, now=now)
+    starts: dict[int, Started] = {}
+    for report in ours:
+        if isinstance(report, Started):
+            starts.setdefault(report.job_id, report)
+    started = attempts_start(
+        [
+            AttemptStarted(
+                job_id=r.job_id,
+                attempt=r.attempt,
+                started_at=_at(r.started_at),
+                message=f"started on {r.node}",
+            )
+            for r in starts.values()
+        ],
+        at=now,
+    )
+    for report in ours:
+        if isinstance(report, Started):
+            if (report.job_id, report.attempt) not in started:
+                record_started(report, now=now)
+        elif isinstance(report, LogChunk):
+            record_log(report)
+        else:
+            record_finished(report, now=now)
+    return Ack(node=batch.node, reports=tuple(r.report_key() for r in reports))
 
 
 # --- reports about one attempt ----------------------------------------------------------------
@@ -319,6 +391,7 @@ def _accept_agent_run(msg: Heartbeat, now: datetime) -> tuple[Node, bool]:
         "address": msg.address,
         "driver": msg.inventory.driver,
         "agent_version": msg.agent_version,
+        "launch_batches": msg.launch_batches,
         "last_heartbeat_at": now,
     }
     came_back = node.state == Node.State.LOST

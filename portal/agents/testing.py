@@ -25,6 +25,7 @@ from workers.protocol import (
     Heartbeat,
     Inventory,
     LogChunk,
+    Reports,
     RunningAttempt,
     Started,
     parse,
@@ -49,13 +50,15 @@ def heartbeat(
     previous_boot: str = "",
     address: str = "",
     inventory: Inventory | None = None,
+    launch_batches: bool = False,
 ) -> dict[str, Any]:
     """A heartbeat dict with the described inventory (the default: 2 whole GPUs, one MIG GPU
     3g.40gb + 2g.20gb + 2 x 1g.10gb, one MPS GPU with 4 shares), or ``inventory`` as given
     (one with lost GPUs, as an NVML agent reports it). ``running`` takes
     (job, attempt) pairs (not started yet) or RunningAttempt records; ``finished`` takes
     dicts made by ``finished()``; ``address`` is where the node is reached (empty: what an
-    agent older than the field sends)."""
+    agent older than the field sends); ``launch_batches``: the agent takes ``launches``
+    messages (false: what an agent older than the field sends)."""
     return Heartbeat(
         node=node,
         boot=boot,
@@ -70,6 +73,7 @@ def heartbeat(
             for r in running
         ),
         finished=tuple(parse(f) for f in finished),  # type: ignore[misc]
+        launch_batches=launch_batches,
     ).to_dict()
 
 
@@ -93,11 +97,18 @@ def register_node(
     description: Mapping[str, Any] | None = None,
     now: datetime | None = None,
     address: str = "",
+    launch_batches: bool = False,
 ) -> Node:
     """Register (or refresh) a node the way its agent does: a key, then a heartbeat."""
     when = now or timezone.now()
     verdict = deliver(
-        heartbeat(node, description=description, sent_at=when.timestamp(), address=address)
+        heartbeat(
+            node,
+            description=description,
+            sent_at=when.timestamp(),
+            address=address,
+            launch_batches=launch_batches,
+        )
     )
     if verdict != "heartbeat":
         raise AssertionError(f"the heartbeat of {node} was not accepted: {verdict}")
@@ -139,6 +150,12 @@ def finished(
 
 def log_chunk(job_id: int, attempt: int, seq: int, data: str, *, node: str = "node-1") -> dict:
     return LogChunk(node=node, job_id=job_id, attempt=attempt, seq=seq, data=data).to_dict()
+
+
+def reports(*items: Mapping[str, Any], node: str = "node-1") -> dict:
+    """The ``reports`` batch of ``items`` (dicts made by ``started()``, ``log_chunk()``,
+    ``finished()``), as an agent sends what waited in its outbox."""
+    return Reports(node=node, reports=tuple(parse(dict(i)) for i in items)).to_dict()  # type: ignore[misc]
 
 
 @dataclass

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from portal.agents.keys import key_problem, node_keys
@@ -61,14 +61,28 @@ def open_report(raw: Any, *, now: datetime) -> Received:
 
 def claim_nonce(envelope: Envelope, *, now: datetime) -> None:
     """Record the envelope's nonce in the current transaction; SignatureError('replay') when
-    it was applied before."""
-    try:
-        with transaction.atomic():
-            SeenNonce.objects.create(node=envelope.node, nonce=envelope.nonce, seen_at=now)
-    except IntegrityError:
+    it was applied before.
+
+    One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``: a nonce already there
+    inserts nothing and returns no row, with no savepoint to set and release around it (an
+    IntegrityError would need one, and every message from every agent passes here)."""
+    quote = connection.ops.quote_name
+    meta = SeenNonce._meta
+    table = quote(meta.db_table)
+    node, nonce, seen_at, pk = (
+        quote(meta.get_field(name).column) for name in ("node", "nonce", "seen_at", "id")
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({node}, {nonce}, {seen_at}) VALUES (%s, %s, %s) "
+            f"ON CONFLICT ({node}, {nonce}) DO NOTHING RETURNING {pk}",
+            [envelope.node, envelope.nonce, connection.ops.adapt_datetimefield_value(now)],
+        )
+        claimed = cursor.fetchone() is not None
+    if not claimed:
         raise SignatureError(
             "replay", f"nonce {envelope.nonce} was applied already", node=envelope.node
-        ) from None
+        )
 
 
 def forget_old_nonces(*, now: datetime) -> int:

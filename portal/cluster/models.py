@@ -29,6 +29,10 @@ class Node(models.Model):
     )
     driver = models.CharField(max_length=16, blank=True, help_text="nvml or described")
     agent_version = models.CharField(max_length=32, blank=True)
+    launch_batches = models.BooleanField(
+        default=False,
+        help_text="its agent takes several launches in one message (its last heartbeat said so)",
+    )
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(auto_now_add=True)
 

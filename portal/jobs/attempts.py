@@ -24,7 +24,14 @@ from django.utils import timezone
 from portal.accounting.services import charge_attempt
 from portal.jobs.gangs import GangMember, gang_members
 from portal.jobs.models import HOLDING_STATES, Allocation, GangPart, Job, JobEvent, JobState
-from portal.jobs.transitions import Note, record_event, record_events, transition
+from portal.jobs.transitions import (
+    Move,
+    Note,
+    record_event,
+    record_events,
+    transition,
+    transition_each,
+)
 from portal.passes import schedule_pass_on_commit
 from portal.policy import scheduler_config
 from scheduler.units import billed_units
@@ -103,6 +110,40 @@ def attempt_start(
         started_at=started_at,
     )
     return left is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptStarted:
+    """One attempt's start as its agent told it (``attempts_start``)."""
+
+    job_id: int
+    attempt: int
+    started_at: datetime
+    message: str
+
+
+def attempts_start(starts: Sequence[AttemptStarted], *, at: datetime) -> set[tuple[int, int]]:
+    """``attempt_start`` for many attempts of single-node jobs at once (one node's batch of
+    ``started`` reports): ASSIGNED -> RUNNING in one guarded UPDATE, their events in one
+    INSERT. The guard is ``attempt_start``'s, per job: ASSIGNED at that attempt, and not a
+    multi-node gang (whose parts start one by one, ``gang_part_start``).
+
+    Returns the (job, attempt)s that started. The others changed nothing: a repeat, a stale
+    attempt, a gang's part, a job that moved on; the caller takes them one by one.
+    """
+    moves = [
+        Move(s.job_id, s.attempt, s.message, values=(s.started_at, s.attempt, False))
+        for s in starts
+    ]
+    moved = transition_each(
+        moves,
+        to=S.RUNNING,
+        from_state=S.ASSIGNED,
+        columns=("started_at",),
+        match=("attempt", "multi_node"),
+        at=at,
+    )
+    return {(m.job_id, m.attempt) for m in moved}
 
 
 # --- end ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
-from portal.bulk import insert_rows, update_rows
+from portal.bulk import insert_rows, update_rows, updated_pks
 from portal.jobs.models import Job, JobEvent, JobState
 
 S = JobState
@@ -167,6 +167,38 @@ def transition_many(
     rows = [(m.job_id, to, *m.values) for m in moves]
     if update_rows(Job, ("state", *columns), rows, where_state=from_state) != len(moves):
         return False
+    _record_moves(moves, from_state=from_state, to=to, at=at)
+    return True
+
+
+def transition_each(
+    moves: Sequence[Move],
+    *,
+    to: str,
+    from_state: str,
+    columns: Sequence[str],
+    match: Sequence[str],
+    at: datetime,
+) -> list[Move]:
+    """``transition`` for many jobs at once, each on its own guard: a job moves only while it
+    is in ``from_state`` and its ``match`` columns hold its move's values (its attempt); the
+    others are left as they are, for the caller to look at one by one. A move's ``values`` are
+    those of ``columns``, then those of ``match``. One UPDATE and one INSERT of the events of
+    the jobs that moved, whatever their number; returns their moves. One move per job."""
+    check_transition(from_state, to)
+    if len({m.job_id for m in moves}) != len(moves):
+        raise ValueError("transition_each takes one move per job")
+    if not moves:
+        return []
+    rows = [(m.job_id, to, *m.values) for m in moves]
+    moved = set(updated_pks(Job, ("state", *columns), rows, where_state=from_state, match=match))
+    done = [m for m in moves if m.job_id in moved]
+    _record_moves(done, from_state=from_state, to=to, at=at)
+    return done
+
+
+def _record_moves(moves: Sequence[Move], *, from_state: str, to: str, at: datetime) -> None:
+    """The events of jobs a batch moved, in one INSERT, announced after commit."""
     insert_rows(
         JobEvent,
         ("job", "at", "from_state", "to_state", "attempt", "message"),
@@ -175,7 +207,6 @@ def transition_many(
     _announce_on_commit(
         [StateChange(m.job_id, from_state, to, m.attempt, at, m.message) for m in moves]
     )
-    return True
 
 
 def record_submission(job_id: int, *, message: str, at: datetime) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from portal.agents.dispatch import request_stop, send_launch
+from portal.agents.dispatch import request_stop, send_launch, send_launches
 from portal.agents.models import Dispatch
 from portal.agents.testing import capture_sent_messages, register_node
 from portal.celery import app
@@ -88,3 +88,32 @@ def test_a_job_that_cannot_be_expressed_as_a_launch_fails_and_frees_its_slices(h
     assert job.reason == "cannot be launched: launch.command: Expected `array` of length >= 1"
     assert sent.launches() == []
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_a_node_whose_agent_takes_batches_gets_its_launches_in_one_message():
+    team = make_team("vision", limit_units=None)
+    alice = make_user("alice", team=team)
+    register_node("batching", launch_batches=True)
+    register_node("single")
+    jobs = {}
+    for node in ("batching", "single"):
+        for index in range(2):
+            job = make_job(team=team, user=alice, state=JobState.ASSIGNED)
+            allocate(job, [stable_uuid("GPU", node, index)])
+            jobs.setdefault(node, []).append(job.pk)
+
+    with capture_sent_messages() as sent:
+        assert send_launches([pk for pks in jobs.values() for pk in pks]) == 4
+
+    by_queue = sorted(
+        (queue, message["type"], sorted(m["job_id"] for m in message.get("launches", [message])))
+        for message, queue in sent.launches()
+    )
+    assert by_queue == [
+        ("node.batching", "launches", jobs["batching"]),
+        ("node.single", "launch", [jobs["single"][0]]),
+        ("node.single", "launch", [jobs["single"][1]]),
+    ]
+    assert set(Dispatch.objects.values_list("job_id", flat=True)) == {
+        pk for pks in jobs.values() for pk in pks
+    }

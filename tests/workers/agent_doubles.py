@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from workers.protocol import Device, Finished, Launch, LogChunk, Message, Started
+from workers.protocol import Device, Finished, Launch, LogChunk, Message, Reports, Started
 from workers.signing import seal
 
 GPU_0 = "GPU-0a0a0a0a-0000-4000-8000-000000000000"
@@ -69,10 +69,12 @@ def make_launch(
 
 
 class RecordingSender:
-    """Stands in for the broker: keeps every report the agent would send, in order."""
+    """Stands in for the broker: keeps every message the agent would send, in order; the
+    reports of a `reports` batch one by one in `messages`, the batches as sent in `batches`."""
 
     def __init__(self) -> None:
         self.messages: list[Message] = []
+        self.batches: list[Reports] = []
         self.broken: Exception | None = None  # set to make every send fail (broker away)
         self._changed = threading.Condition()
 
@@ -80,7 +82,11 @@ class RecordingSender:
         if self.broken is not None:
             raise self.broken
         with self._changed:
-            self.messages.append(message)
+            if isinstance(message, Reports):
+                self.batches.append(message)
+                self.messages.extend(message.reports)
+            else:
+                self.messages.append(message)
             self._changed.notify_all()
 
     def of_type(self, kind: type) -> list[Any]:

@@ -47,6 +47,7 @@ from workers.protocol import (
     Heartbeat,
     LogChunk,
     Message,
+    Reports,
     Started,
     Stop,
     node_queue,
@@ -111,7 +112,8 @@ class FakePortal:
     def __init__(self, url: str, *, node: str, key: bytes) -> None:
         self.node = node
         self.key = key
-        self.received: list[Message] = []
+        self.received: list[Message] = []  # a batch's reports one by one
+        self.batches: list[Reports] = []  # the `reports` messages as they came
         self.refused: list[str] = []  # anything the agent sent that a portal would refuse
         self._app = Celery("fake-portal", broker=url, set_as_current=False)
         self._send_lock = threading.Lock()
@@ -161,7 +163,13 @@ class FakePortal:
                         )
                         self.send(TASK_ACK, ack)
                     with self._changed:
-                        self.received.append(message)
+                        if isinstance(message, Reports):
+                            # A batch of reports: each counts as received, as the portal
+                            # applies each.
+                            self.batches.append(message)
+                            self.received.extend(message.reports)
+                        else:
+                            self.received.append(message)
                         self._changed.notify_all()
             finally:
                 for queue in queues:
@@ -278,6 +286,8 @@ def test_the_agent_runs_signed_jobs_from_its_queue_and_reports_signed_to_control
         assert (done.outcome, done.exit_code) == ("succeeded", 0)
         reports = portal.of_job(11)
         assert [m.TYPE for m in reports] == ["started", "log", "log", "finished"]
+        # Each came in a signed `reports` batch, the way the agent sends every report.
+        assert all(any(r in batch.reports for batch in portal.batches) for r in reports)
         # The process launcher says first that it could not use the job's image.
         note, line = [m for m in reports if isinstance(m, LogChunk)]
         assert note.data == (

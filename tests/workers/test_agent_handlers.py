@@ -37,11 +37,13 @@ from workers.protocol import (
     Finished,
     Heartbeat,
     Inventory,
+    Launches,
     LogChunk,
     Message,
     Metrics,
     Query,
     ReportKey,
+    Reports,
     RunningAttempt,
     Started,
     Stop,
@@ -828,3 +830,97 @@ def test_log_chunks_are_numbered_per_attempt(
     launcher.runs[0].exit(0)
     sender.finished()
     assert [(c.seq, c.data) for c in sender.of_type(LogChunk)] == [(0, "hello\n")]
+
+
+# --- batches: `launches` in, `reports` out -------------------------------------------------------
+
+
+def test_a_launches_message_starts_each_of_its_attempts_as_if_each_came_alone(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    launches = tuple(make_launch(["python", "train.py"], job_id=j) for j in (1, 2, 3))
+    deliver(agent, Launches(node=NODE, launches=launches))
+    for job_id in (1, 2, 3):
+        sender.started(job_id=job_id)
+    assert len(launcher.runs) == 3
+    assert {(e.job_id, e.attempt) for e in agent.journal.unfinished()} == {(1, 0), (2, 0), (3, 0)}
+    # Each attempt's own rules still hold: an older attempt than one seen is superseded.
+    deliver(agent, Launches(node=NODE, launches=(make_launch(["x"], job_id=1, attempt=5),)))
+    older = make_launch(["x"], job_id=1, attempt=4)
+    deliver(agent, Launches(node=NODE, launches=(older, make_launch(["x"], job_id=4))))
+    assert sender.finished(job_id=1, attempt=4).outcome == "superseded"
+    sender.started(job_id=4)
+
+
+def test_a_launches_message_for_another_node_is_refused_whole(
+    agent: Agent, sender: RecordingSender, launcher: ScriptedLauncher
+) -> None:
+    other = Launches(node="node-x", launches=(make_launch(["x"], node="node-x"),))
+    agent.handle(sealed(other, node="node-x", now=agent._clock()))
+    assert agent.refused == ["wrong_node"]
+    assert launcher.runs == []
+
+
+class SlowSender(RecordingSender):
+    """A broker whose first send waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_first_send = threading.Event()
+        self.release = threading.Event()
+        self._first = True
+
+    def __call__(self, message: Message) -> None:
+        if self._first and isinstance(message, Reports):
+            self._first = False
+            self.in_first_send.set()
+            assert self.release.wait(10)
+        super().__call__(message)
+
+
+def test_reports_made_while_a_batch_is_on_its_way_go_together_in_the_next_one(
+    launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    sender = SlowSender()
+    agent = make_agent(sender, launcher, tmp_path)
+    first = threading.Thread(target=agent.report, args=(started_report(1),))
+    first.start()
+    assert sender.in_first_send.wait(5)
+    # The first batch is at the broker: these wait in the outbox, and return at once.
+    for job_id in (2, 3, 4):
+        assert agent.report(started_report(job_id))
+    assert sender.batches == []
+    sender.release.set()
+    first.join(5)
+    assert [[r.job_id for r in batch.reports] for batch in sender.batches] == [[1], [2, 3, 4]]
+    assert {r.job_id for r in agent.outbox.pending()} == {1, 2, 3, 4}
+    # Each report counts as sent once, so its resend waits the full resend time.
+    assert all(agent._last_sent[("started", j, 0, 0)][1] == 1 for j in (1, 2, 3, 4))
+
+
+def test_a_lone_report_goes_at_once_in_a_batch_of_its_own(agent: Agent, sender: RecordingSender):
+    agent.report(started_report(7))
+    assert [batch.reports for batch in sender.batches] == [(started_report(7),)]
+
+
+def test_due_resends_go_in_batches_and_a_refused_batch_stays_for_the_next_round(
+    sender: RecordingSender, launcher: ScriptedLauncher, tmp_path: Path
+) -> None:
+    agent = make_agent(sender, launcher, tmp_path)
+    agent.resend_s = 0.0
+    sender.broken = ConnectionError("broker down")
+    for job_id in range(1, 6):
+        agent.report(started_report(job_id))
+    assert sender.batches == []
+    assert agent.resend_pending() == 0
+    sender.broken = None
+    assert agent.resend_pending() == 5
+    assert [[r.job_id for r in batch.reports] for batch in sender.batches] == [[1, 2, 3, 4, 5]]
+
+
+def test_the_heartbeat_says_the_agent_takes_launch_batches(agent: Agent) -> None:
+    assert agent.heartbeat().launch_batches is True
+
+
+def started_report(job_id: int) -> Started:
+    return Started(node=NODE, job_id=job_id, attempt=0, started_at=CLOCK, pid=1000 + job_id)

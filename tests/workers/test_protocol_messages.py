@@ -11,11 +11,14 @@ import pytest
 
 from workers.protocol import (
     ACK_MAX_REPORTS,
+    LAUNCHES_MAX,
     LOG_CHUNK_MAX_BYTES,
     MESSAGE_TYPES,
     NODE_NAME_PATTERN,
     OUTCOMES,
     PROTOCOL_VERSION,
+    REPORTS_MAX,
+    REPORTS_MAX_LOG_BYTES,
     TO_AGENT_TYPES,
     TO_PORTAL_TYPES,
     Ack,
@@ -28,6 +31,7 @@ from workers.protocol import (
     Heartbeat,
     Inventory,
     Launch,
+    Launches,
     LogChunk,
     Message,
     Metrics,
@@ -35,12 +39,14 @@ from workers.protocol import (
     ProtocolError,
     Query,
     ReportKey,
+    Reports,
     RunningAttempt,
     Started,
     Stop,
     checked,
     node_queue,
     parse,
+    report_batches,
     to_json,
 )
 
@@ -236,6 +242,11 @@ EVERY_MESSAGE: list[Message] = [
             AttemptSample(at=4.0, job_id=44, attempt=0),
         ),
     ),
+    Launches(
+        node=NODE,
+        launches=(LAUNCH, msgspec.structs.replace(LAUNCH, job_id=45, attempt=0)),
+    ),
+    Reports(node=NODE, reports=(STARTED, LOG, FINISHED)),
 ]
 
 
@@ -420,8 +431,15 @@ def test_node_queue_is_named_after_the_node() -> None:
 
 
 def test_each_message_type_travels_in_one_direction() -> None:
-    assert sorted(TO_AGENT_TYPES) == ["ack", "launch", "query", "stop"]
-    assert sorted(TO_PORTAL_TYPES) == ["finished", "heartbeat", "log", "metrics", "started"]
+    assert sorted(TO_AGENT_TYPES) == ["ack", "launch", "launches", "query", "stop"]
+    assert sorted(TO_PORTAL_TYPES) == [
+        "finished",
+        "heartbeat",
+        "log",
+        "metrics",
+        "reports",
+        "started",
+    ]
     assert not TO_AGENT_TYPES & TO_PORTAL_TYPES
     assert set(MESSAGE_TYPES) == TO_AGENT_TYPES | TO_PORTAL_TYPES
 
@@ -518,15 +536,15 @@ BAD_MESSAGES = [
         "no-type",
         {"v": 2},
         "type",
-        "must be one of 'launch', 'stop', 'query', 'ack', 'heartbeat', 'started', 'log', "
-        "'finished', 'metrics'; got None",
+        "must be one of 'launch', 'launches', 'stop', 'query', 'ack', 'heartbeat', 'started', "
+        "'log', 'finished', 'reports', 'metrics'; got None",
     ),
     (
         "unknown-type",
         set_at(LAUNCH, "type", "launched"),
         "type",
-        "must be one of 'launch', 'stop', 'query', 'ack', 'heartbeat', 'started', 'log', "
-        "'finished', 'metrics'; got 'launched'",
+        "must be one of 'launch', 'launches', 'stop', 'query', 'ack', 'heartbeat', 'started', "
+        "'log', 'finished', 'reports', 'metrics'; got 'launched'",
     ),
     # launch
     ("launch-no-image", set_at(LAUNCH, "image", DELETE), "launch.image", MISSING),
@@ -1315,3 +1333,124 @@ def test_a_log_chunk_of_exactly_the_limit_is_accepted() -> None:
     chunk = checked(LogChunk(node=NODE, job_id=1, attempt=0, seq=0, data=text))
     assert isinstance(chunk, LogChunk)
     assert len(chunk.data.encode()) == LOG_CHUNK_MAX_BYTES
+
+
+# --- batches: `launches` and `reports` ----------------------------------------------------------
+
+LAUNCHES = Launches(node=NODE, launches=(LAUNCH,))
+REPORTS = Reports(node=NODE, reports=(STARTED, LOG, FINISHED))
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "problem"),
+    [
+        pytest.param(
+            set_at(LAUNCHES, "launches", []),
+            "launches.launches",
+            "Expected `array` of length >= 1",
+            id="launches-empty",
+        ),
+        pytest.param(
+            set_at(LAUNCHES, "launches", [LAUNCH.to_dict()] * (LAUNCHES_MAX + 1)),
+            "launches.launches",
+            f"Expected `array` of length <= {LAUNCHES_MAX}",
+            id="launches-too-many",
+        ),
+        pytest.param(
+            set_at(LAUNCHES, "launches", [{**LAUNCH.to_dict(), "node": "other-host"}]),
+            "launches.launches[0].node",
+            "must be the message's node",
+            id="launches-another-node",
+        ),
+        pytest.param(
+            set_at(LAUNCHES, "launches", [LAUNCH.to_dict(), LAUNCH.to_dict()]),
+            "launches.launches[1]",
+            "job 42 attempt 1 twice",
+            id="launches-twice",
+        ),
+        pytest.param(
+            set_at(LAUNCHES, "launches", [{**LAUNCH.to_dict(), "image": ""}]),
+            "launches.launches[0].image",
+            "Expected `str` of length >= 1",
+            id="launches-bad-launch",
+        ),
+        pytest.param(
+            set_at(LAUNCHES, "launches", [STOP.to_dict()]),
+            "launches.launches[0].type",
+            "Invalid value 'stop'",
+            id="launches-a-stop",
+        ),
+        pytest.param(
+            set_at(REPORTS, "reports", []),
+            "reports.reports",
+            "Expected `array` of length >= 1",
+            id="reports-empty",
+        ),
+        pytest.param(
+            set_at(REPORTS, "reports", [STARTED.to_dict()] * (REPORTS_MAX + 1)),
+            "reports.reports",
+            f"Expected `array` of length <= {REPORTS_MAX}",
+            id="reports-too-many",
+        ),
+        pytest.param(
+            set_at(REPORTS, "reports", [{**STARTED.to_dict(), "node": "other-host"}]),
+            "reports.reports[0].node",
+            "must be the message's node",
+            id="reports-another-node",
+        ),
+        pytest.param(
+            set_at(REPORTS, "reports", [HEARTBEAT.to_dict()]),
+            "reports.reports[0].type",
+            "Invalid value 'heartbeat'",
+            id="reports-a-heartbeat",
+        ),
+        pytest.param(
+            set_at(REPORTS, "reports", [{**STARTED.to_dict(), "v": 1}]),
+            "reports.reports[0].v",
+            "unsupported protocol version 1; this side speaks 2",
+            id="reports-old-version-inside",
+        ),
+    ],
+)
+def test_a_bad_batch_names_the_field(data: dict[str, Any], field: str, problem: str) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse(data)
+    assert (caught.value.field, caught.value.problem) == (field, problem)
+
+
+def test_a_reports_batch_holds_at_most_its_log_bound() -> None:
+    chunk = "x" * LOG_CHUNK_MAX_BYTES
+    count = REPORTS_MAX_LOG_BYTES // LOG_CHUNK_MAX_BYTES + 1
+    logs = [LogChunk(node=NODE, job_id=42, attempt=1, seq=i, data=chunk) for i in range(count)]
+    data = set_at(REPORTS, "reports", [log.to_dict() for log in logs])
+    with pytest.raises(ProtocolError) as caught:
+        parse(data)
+    assert caught.value.field == "reports.reports"
+    assert caught.value.problem == (
+        f"{count * LOG_CHUNK_MAX_BYTES} bytes of log; at most {REPORTS_MAX_LOG_BYTES} in one message"
+    )
+
+
+def test_report_batches_keep_the_order_within_both_bounds() -> None:
+    chunk = "x" * LOG_CHUNK_MAX_BYTES
+    per_batch = REPORTS_MAX_LOG_BYTES // LOG_CHUNK_MAX_BYTES
+    logs = [
+        LogChunk(node=NODE, job_id=42, attempt=1, seq=i, data=chunk) for i in range(per_batch + 1)
+    ]
+    starts = [
+        Started(node=NODE, job_id=j, attempt=0, started_at=1.0, pid=1)
+        for j in range(1, REPORTS_MAX + 2)
+    ]
+    batches = report_batches(NODE, [*logs, *starts])
+    assert [len(b.reports) for b in batches] == [per_batch, 1 + REPORTS_MAX - 1, 2]
+    assert [r for b in batches for r in b.reports] == [*logs, *starts]
+    for batch in batches:
+        assert parse(as_received(batch)) == batch
+    assert report_batches(NODE, []) == []
+
+
+def test_a_heartbeat_without_launch_batches_says_the_agent_takes_single_launches() -> None:
+    data = HEARTBEAT.to_dict()
+    del data["launch_batches"]
+    heartbeat = parse(data)
+    assert isinstance(heartbeat, Heartbeat) and heartbeat.launch_batches is False
