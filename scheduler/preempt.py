@@ -6,6 +6,14 @@ their jobs already being stopped) and sparing jobs that have run longer than
 ``reclaim_max_run_s``; with ``preempt_by_priority`` a job preempts jobs of lower classes.
 Never a job that is not preemptible or has run less than ``min_run_time_s``.
 
+Jobs larger than their team's whole guarantee (*oversized*: they can only ever run on
+borrowed capacity) are reclaimed last, and counting the work thrown away
+(``reclaim_wait_s``): reclaim takes other borrowed work first; when only victims that include
+an oversized job make room, the reclaiming job waits instead if the room it needs comes free,
+by the running jobs' time limits, within ``reclaim_wait_s`` of when it was queued and before
+waiting would cost its team more GPU time (units x seconds) than the victims would lose (their
+units x the time they have run).
+
 Choosing (``Preemptor``): a victim must also not already be in its grace period. Slices of
 jobs in their grace period count as *freeing soon*: a job entitled to preempt claims them
 before choosing new victims, so one shortage never costs two victims. Victims go lowest
@@ -23,10 +31,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler.backfill import Timeline, earliest_fit
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import SchedulerConfig
 from scheduler.model import Job, RunningJob, Slice, SliceKind, Team
-from scheduler.order import Candidate
+from scheduler.order import Candidate, queued_at
 from scheduler.quota import EPS, Held, Ledger, guaranteed, within_guarantee
 
 
@@ -39,6 +48,7 @@ class Holder:
     slices: Sequence[Slice]
     units: float
     team: str
+    oversized: bool = False  # larger than its team's whole guarantee: it only ever borrows
     chosen: bool = False
 
     def victim_order(self) -> tuple[int, float, str]:
@@ -78,8 +88,10 @@ class Preemption:
         teams: Mapping[str, Team],
         classes: Mapping[str, int],
         pending: Sequence[Job],
+        timeline: Timeline,
     ) -> None:
         self._index = index
+        self._timeline = timeline
         self._held = held
         self._config = config
         self._now = now
@@ -87,6 +99,9 @@ class Preemption:
         self._classes = classes
         self._pending = pending
         self._preemptor: Preemptor | None = None
+        # Whether the last ``victims_for`` let its job wait for room rather than reclaim:
+        # that choice depends on the job's own age, so no verdict may be shared from it.
+        self.waited = False
         limit = config.reclaim_max_run_s
         # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
         self._protected = -math.inf if limit is None else now - limit
@@ -94,7 +109,8 @@ class Preemption:
     def victims_for(self, c: Candidate, ledger: Ledger) -> list[tuple[Holder, str]] | None:
         """Victims that make room for ``c``, each with why ("reclaim" or "priority"); [] when
         slices already freeing soon make the room; None when no rule lets ``c`` preempt or
-        no victims would make room."""
+        no victims would make room, or when ``c`` waits for room instead (``waited``)."""
+        self.waited = False
         config, job = self._config, c.job
         reclaim = config.reclaim and within_guarantee(c, ledger.team.get(job.team, 0.0))
         by_priority = config.preempt_by_priority and c.rank > 0
@@ -129,13 +145,55 @@ class Preemption:
             borrowing = team != job.team and kept.get(team, 0.0) > guaranteed(teams, team) + EPS
             return by_priority or borrowing
 
-        choice = preemptor.choose(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
-        if choice is None:
-            return None
+        patient = reclaim and not by_priority and config.reclaim_wait_s is not None
+        found = None
+        if patient:
+            # Borrowed work that fits its team's guarantee goes first: its team can run it
+            # again within its guarantee; an oversized job can only ever borrow.
+            def fits_guarantee(holder: Holder, held: float) -> bool:
+                return not holder.oversized and eligible(holder, held)
+
+            found = preemptor.find(
+                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may=team_may
+            )
+        if found is None:
+            found = preemptor.find(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
+            if found is None:
+                return None
+            if patient and any(v.oversized for v in found[2]) and self._waits(c, found[2]):
+                self.waited = True
+                return None
+        pool, node, victims = found
+        preemptor.commit(pool, node, job.team, c.minimum, victims)
         return [
             (victim, "reclaim" if reclaim and victim.team != job.team else "priority")
-            for victim in choice.victims
+            for victim in victims
         ]
+
+    def _waits(self, c: Candidate, victims: Sequence[Holder]) -> bool:
+        """Reclaim counts the work it throws away: ``c`` waits instead of taking ``victims``
+        (among them an oversized job) when the room it needs comes free (by the running jobs'
+        time limits) within ``reclaim_wait_s`` of when it was queued, and waiting until then
+        costs its team no more GPU time than the victims would lose."""
+        patience = self._config.reclaim_wait_s
+        if patience is None:
+            return False
+        job = c.job
+        deadline = queued_at(job) + patience
+        if deadline <= self._now:
+            return False
+        at = earliest_fit(
+            self._index,
+            self._timeline,
+            pools=c.pools,
+            team=job.team,
+            need=c.minimum,
+            multi_node=job.request.multi_node,
+        )
+        if at is None or at > deadline:
+            return False
+        lost = sum(victim.units * (self._now - victim.run.started_at) for victim in victims)
+        return max(0.0, at - self._now) * c.minimum * c.unit <= lost
 
     def _holders(self, ledger: Ledger) -> list[Holder]:
         """The running jobs preemption may look at: victims in their grace period (their
@@ -165,7 +223,10 @@ class Preemption:
                 )
                 if not (by_reclaim or (config.preempt_by_priority and rank < top)):
                     continue
-            out.append(Holder(run, rank, held, units, run.job.team))
+            team = run.job.team
+            smallest = units * run.job.request.minimum / len(held) if held else 0.0
+            oversized = smallest > guaranteed(teams, team) + EPS
+            out.append(Holder(run, rank, held, units, team, oversized))
         return out
 
 
@@ -228,7 +289,7 @@ class Preemptor:
         claimed, by_node[node] = by_node[node][:missing], by_node[node][missing:]
         return claimed
 
-    def choose(
+    def find(
         self,
         pools: Sequence[Pool],
         team: str,
@@ -237,8 +298,9 @@ class Preemptor:
         team_units: dict[str, float],
         *,
         team_may: TeamMay | None = None,
-    ) -> Choice | None:
-        """Victims on one node that, with its free and freeing slices, fit ``need``.
+    ) -> tuple[Pool, int, list[Holder]] | None:
+        """Victims on one node that, with its free and freeing slices, fit ``need``: the pool,
+        the node and the victims, not yet taken (``commit`` takes them).
 
         Walks the possible victims in victim order (lowest class, most recently started) and
         stops at the first node where the ones met so far make room, so the victims are the
@@ -248,7 +310,7 @@ class Preemptor:
             found = self._walk(pool, team, need, eligible, team_units, team_may)
             if found is not None:
                 node, victims = found
-                return self._commit(pool, node, team, need, victims)
+                return pool, node, victims
         return None
 
     def _walk(
@@ -284,7 +346,8 @@ class Preemptor:
                 return node, picked[node]
         return None
 
-    def _commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
+    def commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
+        """Take the victims ``find`` named: their slices free soon, claimed for ``team``."""
         node_of = self._index.shape.slice_node
         for victim in victims:
             victim.chosen = True
@@ -298,6 +361,4 @@ class Preemptor:
 
 def _waited(run: RunningJob) -> float:
     """How long a running job had queued when it started (since ``queued_since``)."""
-    job = run.job
-    queued = job.queued_since if job.queued_since is not None else job.submitted_at
-    return run.started_at - queued
+    return run.started_at - queued_at(run.job)
