@@ -99,9 +99,10 @@ class Preemption:
         self._classes = classes
         self._pending = pending
         self._preemptor: Preemptor | None = None
-        # Whether the last ``victims_for`` let its job wait for room rather than reclaim:
-        # that choice depends on the job's own age, so no verdict may be shared from it.
-        self.waited = False
+        # Set when the last ``victims_for`` let its job wait for room rather than reclaim:
+        # that choice depends on the job's own age, so a job alike waits as well only if it
+        # was queued after this (``Verdict.queued_after``); None otherwise.
+        self.waiting_after: float | None = None
         limit = config.reclaim_max_run_s
         # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
         self._protected = -math.inf if limit is None else now - limit
@@ -109,8 +110,9 @@ class Preemption:
     def victims_for(self, c: Candidate, ledger: Ledger) -> list[tuple[Holder, str]] | None:
         """Victims that make room for ``c``, each with why ("reclaim" or "priority"); [] when
         slices already freeing soon make the room; None when no rule lets ``c`` preempt or
-        no victims would make room, or when ``c`` waits for room instead (``waited``)."""
-        self.waited = False
+        no victims would make room, or when ``c`` waits for room instead
+        (``waiting_after``)."""
+        self.waiting_after = None
         config, job = self._config, c.job
         reclaim = config.reclaim and within_guarantee(c, ledger.team.get(job.team, 0.0))
         by_priority = config.preempt_by_priority and c.rank > 0
@@ -160,9 +162,10 @@ class Preemption:
             found = preemptor.find(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
             if found is None:
                 return None
-            if patient and any(v.oversized for v in found[2]) and self._waits(c, found[2]):
-                self.waited = True
-                return None
+            if patient and any(v.oversized for v in found[2]):
+                self.waiting_after = self._waits(c, found[2])
+                if self.waiting_after is not None:
+                    return None
         pool, node, victims = found
         preemptor.commit(pool, node, job.team, c.minimum, victims)
         return [
@@ -170,18 +173,21 @@ class Preemption:
             for victim in victims
         ]
 
-    def _waits(self, c: Candidate, victims: Sequence[Holder]) -> bool:
+    def _waits(self, c: Candidate, victims: Sequence[Holder]) -> float | None:
         """Reclaim counts the work it throws away: ``c`` waits instead of taking ``victims``
         (among them an oversized job) when the room it needs comes free (by the running jobs'
-        time limits) within ``reclaim_wait_s`` of when it was queued, and waiting until then
-        costs its team no more GPU time than the victims would lose."""
+        time limits) before ``reclaim_wait_s`` since it was queued runs out, and waiting until
+        then costs its team no more GPU time than the victims would lose.
+
+        None when ``c`` reclaims; else the time a job alike must have been queued after to
+        wait as well (the room's time less ``reclaim_wait_s``)."""
         patience = self._config.reclaim_wait_s
         if patience is None:
-            return False
-        job = c.job
-        deadline = queued_at(job) + patience
-        if deadline <= self._now:
-            return False
+            return None
+        job, now = c.job, self._now
+        queued = queued_at(job)
+        if queued + patience <= now:
+            return None
         at = earliest_fit(
             self._index,
             self._timeline,
@@ -190,10 +196,15 @@ class Preemption:
             need=c.minimum,
             multi_node=job.request.multi_node,
         )
-        if at is None or at > deadline:
-            return False
-        lost = sum(victim.units * (self._now - victim.run.started_at) for victim in victims)
-        return max(0.0, at - self._now) * c.minimum * c.unit <= lost
+        if at is None:
+            return None
+        room = max(at, now)
+        if queued + patience <= room:
+            return None  # its reclaim_wait_s runs out first
+        lost = sum(victim.units * (now - victim.run.started_at) for victim in victims)
+        if (room - now) * c.minimum * c.unit > lost:
+            return None
+        return room - patience
 
     def _holders(self, ledger: Ledger) -> list[Holder]:
         """The running jobs preemption may look at: victims in their grace period (their
