@@ -2,8 +2,9 @@
 
 Events are arrivals, completions, the end of a victim's grace period and, only where a rule
 needs time to pass, a tick (the moment the youngest reclaimable job reaches the minimum run
-time, or a queued job's ``reclaim_wait_s`` runs out, while a team under its guarantee waits). All events at one instant are applied before
-the core is asked, so a burst of arrivals costs one pass.
+time, or a queued job's ``reclaim_wait_s`` runs out, while a team under its guarantee
+waits). All events at one instant are applied before the core is asked, so a burst of
+arrivals costs one pass.
 
 The simulator holds no policy of its own: whatever the core decides is applied as is, and
 checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
@@ -48,6 +49,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
+from scheduler.order import queued_at
 from scheduler.runtimes import run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
 from scheduler.sim.records import JobRecord, Segment
@@ -541,8 +543,7 @@ class Replay:
         self._pending[job.id] = job
         wait = self._config.reclaim_wait_s
         if wait is not None and self._reclaim_on():
-            queued = job.queued_since if job.queued_since is not None else job.submitted_at
-            heapq.heappush(self._patience, (queued + wait, job.id))
+            heapq.heappush(self._patience, (queued_at(job) + wait, job.id))
         self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
         self._user_usage.setdefault((job.team, job.user), 0.0)
 
