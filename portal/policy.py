@@ -85,6 +85,9 @@ def scheduler_knobs_from_env(*, usage_half_life_s: float) -> dict[str, Any]:
         "reclaim_max_run_s": _optional_seconds(
             "PORTAL_SCHED_RECLAIM_MAX_RUN_S", _DEFAULTS.reclaim_max_run_s
         ),
+        "reclaim_wait_s": _optional_seconds(
+            "PORTAL_SCHED_RECLAIM_WAIT_S", _DEFAULTS.reclaim_wait_s
+        ),
         "max_wait_s": _optional_seconds("PORTAL_SCHED_MAX_WAIT_S", _DEFAULTS.max_wait_s),
         "model_weights": parse_model_weights(
             "PORTAL_SCHED_MODEL_WEIGHTS", env_str("PORTAL_SCHED_MODEL_WEIGHTS", "")

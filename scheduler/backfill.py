@@ -128,6 +128,25 @@ def reserve(
     return _reserve_unknown(index, job_id, pools, team, need, multi_node)
 
 
+def earliest_fit(
+    index: FreeIndex,
+    timeline: Timeline,
+    *,
+    pools: Sequence[Pool],
+    team: str,
+    need: int,
+    multi_node: bool,
+) -> float | None:
+    """When ``need`` slices of one of ``pools`` first fit (on one node unless ``multi_node``)
+    as the running jobs reach their time limits; None when no known end makes room."""
+    times = [
+        found[0]
+        for pool in pools
+        if (found := _earliest(index, timeline, pool, team, need, multi_node)) is not None
+    ]
+    return min(times, default=None)
+
+
 def _earliest(
     index: FreeIndex, timeline: Timeline, pool: Pool, team: str, need: int, multi_node: bool
 ) -> tuple[float, int, list[Slice]] | None:

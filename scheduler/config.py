@@ -68,6 +68,14 @@ class SchedulerConfig:
     # reclaim of an 8-GPU job after 49 days of running set the makespan (see
     # docs/scheduling.md, Preemption).
     reclaim_max_run_s: float | None = 3 * 24 * 3600.0
+    # Reclaim counts the work it throws away: a job that may reclaim waits instead when the
+    # room it needs comes free (by the running jobs' time limits) before waiting would cost
+    # its team more GPU time than the preemption throws away (units x time run of the
+    # victims), and no later than this long after it was queued; past that it reclaims. So
+    # a gang larger than its team's guarantee, which always borrows, keeps what it borrowed
+    # longer the more work it has done. The bound on reclaim grows by this much
+    # (docs/scheduling.md#preemption). None: reclaim at once, whatever it throws away.
+    reclaim_wait_s: float | None = 3 * 3600.0
     # Billing weight of one GPU unit per GPU model (missing models weigh 1.0).
     model_weights: Mapping[str, float] = field(default_factory=_no_model_weights)
     # Explanations (reasons, positions, ETAs) for every pending job; replays may switch off.
@@ -108,6 +116,11 @@ class SchedulerConfig:
         _check(
             self.reclaim_max_run_s is None or self.reclaim_max_run_s >= 0,
             "reclaim_max_run_s",
+            "None or a number >= 0",
+        )
+        _check(
+            self.reclaim_wait_s is None or self.reclaim_wait_s >= 0,
+            "reclaim_wait_s",
             "None or a number >= 0",
         )
         _check(self.history_weight >= 0, "history_weight", "a number >= 0")

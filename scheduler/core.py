@@ -189,6 +189,7 @@ class Cycle:
             teams=self.snapshot.teams,
             classes=self.classes,
             pending=self.snapshot.pending,
+            timeline=self.timeline,
         )
 
     # -- 2. nominate ---------------------------------------------------------------------------
@@ -271,7 +272,12 @@ class Cycle:
         if why is None:
             why = self._capacity_reason(c)
             self.memo.keep_why_not(why_key, stamp, why)
-        self.wait(c, *why).verdict = self.memo.keep_verdict(key, stamp, why)
+        # A job that waits for room rather than reclaim chose so by its own age: the verdict
+        # holds only for jobs alike queued after the time ``waiting_after`` says.
+        after = self.preemption.waiting_after
+        self.wait(c, *why).verdict = self.memo.keep_verdict(
+            key, stamp, why, queued_after=-math.inf if after is None else after
+        )
 
     def _place(self, c: Candidate, cap: int | None) -> Placement | None:
         """Best-fit slices for ``c``, taken from the index; [] when they break a limit;

@@ -12,7 +12,8 @@ while its stamp still matches.
   numbers) under its key: its shape (team; member when the team limits members; pools;
   minimum count; class when classes may preempt; multi-node) plus which of the pass's
   reservations it may use (by its time limit). The next job with that key takes the verdict
-  at once. Most of a long queue takes this path.
+  at once. Most of a long queue takes this path. (A job that waited for room rather than
+  reclaim leaves a verdict only for jobs queued after a time: ``Verdict.queued_after``.)
 - ``Cache.WHY_NOT``: why a job fits nowhere (no fit, below fair share, behind a reservation)
   depends on its team, its request and the state, not on its user, class or time limit:
   one answer per (team, request), shared by the jobs that differ only there.
@@ -47,6 +48,7 @@ removed: the largest free count per request at the end of the pass, failed victi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,7 +56,7 @@ from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache
 from scheduler.model import PendingCode, Reason
-from scheduler.order import Candidate
+from scheduler.order import Candidate, queued_at
 from scheduler.quota import Blocked, Numbers
 
 Key = tuple[object, ...]
@@ -74,6 +76,10 @@ class Verdict:
     code: PendingCode
     numbers: Numbers
     explained: tuple[Reason, float | None] | None = None
+    # Only jobs queued after this take it: the first job waited for room rather than reclaim
+    # (``scheduler.preempt``), which a job queued earlier would not, its ``reclaim_wait_s``
+    # running out before the room comes.
+    queued_after: float = -math.inf
 
 
 class PassMemo:
@@ -146,15 +152,20 @@ class PassMemo:
         if verdicts is not None:
             found = verdicts.get(key)
             if found is not None and found[0] == stamp:
-                return key, stamp, found[1]
+                kept = found[1]
+                if kept.queued_after == -math.inf or queued_at(c.job) > kept.queued_after:
+                    return key, stamp, kept
         return key, stamp, None
 
-    def keep_verdict(self, key: Key, stamp: Stamp, verdict: Blocked) -> Verdict | None:
-        """Remember ``verdict`` under ``key`` and ``stamp``; the record the jobs that take it
-        will share (None with ``Cache.VERDICTS`` off)."""
+    def keep_verdict(
+        self, key: Key, stamp: Stamp, verdict: Blocked, *, queued_after: float = -math.inf
+    ) -> Verdict | None:
+        """Remember ``verdict`` under ``key`` and ``stamp``, for the jobs queued after
+        ``queued_after``; the record the jobs that take it will share (None with
+        ``Cache.VERDICTS`` off)."""
         if self._verdicts is None:
             return None
-        kept = Verdict(*verdict)
+        kept = Verdict(*verdict, queued_after=queued_after)
         self._verdicts[key] = (stamp, kept)
         return kept
 

@@ -487,7 +487,7 @@ class FairShareRules:
         now = cycle.now
 
         def record(c: Candidate) -> None:
-            queued = _queued(c.job)
+            queued = queued_at(c.job)
             journal.rounds.append((len(journal.yielded), c.rank, False))
             boost = aging * (now - queued) if now > queued else 0.0
             journal.yielded.append((boost, age_key(c.job), c))
@@ -509,10 +509,11 @@ def starving_jobs(
     if max_wait_s is None:
         return []
     since = now - max_wait_s
-    found = [c for c in candidates if _queued(c.job) <= since]
+    found = [c for c in candidates if queued_at(c.job) <= since]
     found.sort(key=lambda c: age_key(c.job))
     return found
 
 
-def _queued(job: Job) -> float:
+def queued_at(job: Job) -> float:
+    """When ``job`` started queueing (kept across requeues), else when it was submitted."""
     return job.queued_since if job.queued_since is not None else job.submitted_at

@@ -6,6 +6,14 @@ their jobs already being stopped) and sparing jobs that have run longer than
 ``reclaim_max_run_s``; with ``preempt_by_priority`` a job preempts jobs of lower classes.
 Never a job that is not preemptible or has run less than ``min_run_time_s``.
 
+Jobs larger than their team's whole guarantee (*oversized*: they can only ever run on
+borrowed capacity) are reclaimed last, and counting the work thrown away
+(``reclaim_wait_s``): reclaim takes other borrowed work first; when only victims that include
+an oversized job make room, the reclaiming job waits instead if the room it needs comes free,
+by the running jobs' time limits, within ``reclaim_wait_s`` of when it was queued and before
+waiting would cost its team more GPU time (units x seconds) than the victims would lose (their
+units x the time they have run).
+
 Choosing (``Preemptor``): a victim must also not already be in its grace period. Slices of
 jobs in their grace period count as *freeing soon*: a job entitled to preempt claims them
 before choosing new victims, so one shortage never costs two victims. Victims go lowest
@@ -23,10 +31,11 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from scheduler.backfill import Timeline, earliest_fit
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import SchedulerConfig
 from scheduler.model import Job, RunningJob, Slice, SliceKind, Team
-from scheduler.order import Candidate
+from scheduler.order import Candidate, queued_at
 from scheduler.quota import EPS, Held, Ledger, guaranteed, within_guarantee
 
 
@@ -39,6 +48,7 @@ class Holder:
     slices: Sequence[Slice]
     units: float
     team: str
+    oversized: bool = False  # larger than its team's whole guarantee: it only ever borrows
     chosen: bool = False
 
     def victim_order(self) -> tuple[int, float, str]:
@@ -78,8 +88,10 @@ class Preemption:
         teams: Mapping[str, Team],
         classes: Mapping[str, int],
         pending: Sequence[Job],
+        timeline: Timeline,
     ) -> None:
         self._index = index
+        self._timeline = timeline
         self._held = held
         self._config = config
         self._now = now
@@ -87,6 +99,10 @@ class Preemption:
         self._classes = classes
         self._pending = pending
         self._preemptor: Preemptor | None = None
+        # Set when the last ``victims_for`` let its job wait for room rather than reclaim:
+        # that choice depends on the job's own age, so a job alike waits as well only if it
+        # was queued after this (``Verdict.queued_after``); None otherwise.
+        self.waiting_after: float | None = None
         limit = config.reclaim_max_run_s
         # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
         self._protected = -math.inf if limit is None else now - limit
@@ -94,7 +110,9 @@ class Preemption:
     def victims_for(self, c: Candidate, ledger: Ledger) -> list[tuple[Holder, str]] | None:
         """Victims that make room for ``c``, each with why ("reclaim" or "priority"); [] when
         slices already freeing soon make the room; None when no rule lets ``c`` preempt or
-        no victims would make room."""
+        no victims would make room, or when ``c`` waits for room instead
+        (``waiting_after``)."""
+        self.waiting_after = None
         config, job = self._config, c.job
         reclaim = config.reclaim and within_guarantee(c, ledger.team.get(job.team, 0.0))
         by_priority = config.preempt_by_priority and c.rank > 0
@@ -129,13 +147,64 @@ class Preemption:
             borrowing = team != job.team and kept.get(team, 0.0) > guaranteed(teams, team) + EPS
             return by_priority or borrowing
 
-        choice = preemptor.choose(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
-        if choice is None:
-            return None
+        patient = reclaim and not by_priority and config.reclaim_wait_s is not None
+        found = None
+        if patient:
+            # Borrowed work that fits its team's guarantee goes first: its team can run it
+            # again within its guarantee; an oversized job can only ever borrow.
+            def fits_guarantee(holder: Holder, held: float) -> bool:
+                return not holder.oversized and eligible(holder, held)
+
+            found = preemptor.find(
+                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may=team_may
+            )
+        if found is None:
+            found = preemptor.find(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
+            if found is None:
+                return None
+            if patient and any(v.oversized for v in found[2]):
+                self.waiting_after = self._waits(c, found[2])
+                if self.waiting_after is not None:
+                    return None
+        pool, node, victims = found
+        preemptor.commit(pool, node, job.team, c.minimum, victims)
         return [
             (victim, "reclaim" if reclaim and victim.team != job.team else "priority")
-            for victim in choice.victims
+            for victim in victims
         ]
+
+    def _waits(self, c: Candidate, victims: Sequence[Holder]) -> float | None:
+        """Reclaim counts the work it throws away: ``c`` waits instead of taking ``victims``
+        (among them an oversized job) when the room it needs comes free (by the running jobs'
+        time limits) before ``reclaim_wait_s`` since it was queued runs out, and waiting until
+        then costs its team no more GPU time than the victims would lose.
+
+        None when ``c`` reclaims; else the time a job alike must have been queued after to
+        wait as well (the room's time less ``reclaim_wait_s``)."""
+        patience = self._config.reclaim_wait_s
+        if patience is None:
+            return None
+        job, now = c.job, self._now
+        queued = queued_at(job)
+        if queued + patience <= now:
+            return None
+        at = earliest_fit(
+            self._index,
+            self._timeline,
+            pools=c.pools,
+            team=job.team,
+            need=c.minimum,
+            multi_node=job.request.multi_node,
+        )
+        if at is None:
+            return None
+        room = max(at, now)
+        if queued + patience <= room:
+            return None  # its reclaim_wait_s runs out first
+        lost = sum(victim.units * (now - victim.run.started_at) for victim in victims)
+        if (room - now) * c.minimum * c.unit > lost:
+            return None
+        return room - patience
 
     def _holders(self, ledger: Ledger) -> list[Holder]:
         """The running jobs preemption may look at: victims in their grace period (their
@@ -165,7 +234,10 @@ class Preemption:
                 )
                 if not (by_reclaim or (config.preempt_by_priority and rank < top)):
                     continue
-            out.append(Holder(run, rank, held, units, run.job.team))
+            team = run.job.team
+            smallest = units * run.job.request.minimum / len(held) if held else 0.0
+            oversized = smallest > guaranteed(teams, team) + EPS
+            out.append(Holder(run, rank, held, units, team, oversized))
         return out
 
 
@@ -228,7 +300,7 @@ class Preemptor:
         claimed, by_node[node] = by_node[node][:missing], by_node[node][missing:]
         return claimed
 
-    def choose(
+    def find(
         self,
         pools: Sequence[Pool],
         team: str,
@@ -237,8 +309,9 @@ class Preemptor:
         team_units: dict[str, float],
         *,
         team_may: TeamMay | None = None,
-    ) -> Choice | None:
-        """Victims on one node that, with its free and freeing slices, fit ``need``.
+    ) -> tuple[Pool, int, list[Holder]] | None:
+        """Victims on one node that, with its free and freeing slices, fit ``need``: the pool,
+        the node and the victims, not yet taken (``commit`` takes them).
 
         Walks the possible victims in victim order (lowest class, most recently started) and
         stops at the first node where the ones met so far make room, so the victims are the
@@ -248,7 +321,7 @@ class Preemptor:
             found = self._walk(pool, team, need, eligible, team_units, team_may)
             if found is not None:
                 node, victims = found
-                return self._commit(pool, node, team, need, victims)
+                return pool, node, victims
         return None
 
     def _walk(
@@ -284,7 +357,8 @@ class Preemptor:
                 return node, picked[node]
         return None
 
-    def _commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
+    def commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
+        """Take the victims ``find`` named: their slices free soon, claimed for ``team``."""
         node_of = self._index.shape.slice_node
         for victim in victims:
             victim.chosen = True
@@ -298,6 +372,4 @@ class Preemptor:
 
 def _waited(run: RunningJob) -> float:
     """How long a running job had queued when it started (since ``queued_since``)."""
-    job = run.job
-    queued = job.queued_since if job.queued_since is not None else job.submitted_at
-    return run.started_at - queued
+    return run.started_at - queued_at(run.job)

@@ -2,8 +2,9 @@
 
 Events are arrivals, completions, the end of a victim's grace period and, only where a rule
 needs time to pass, a tick (the moment the youngest reclaimable job reaches the minimum run
-time while a team under its guarantee waits). All events at one instant are applied before
-the core is asked, so a burst of arrivals costs one pass.
+time, or a queued job's ``reclaim_wait_s`` runs out, while a team under its guarantee
+waits). All events at one instant are applied before the core is asked, so a burst of
+arrivals costs one pass.
 
 The simulator holds no policy of its own: whatever the core decides is applied as is, and
 checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
@@ -48,6 +49,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
+from scheduler.order import queued_at
 from scheduler.runtimes import run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
 from scheduler.sim.records import JobRecord, Segment
@@ -238,6 +240,9 @@ class Replay:
         self._completions: list[tuple[float, int, str, int]] = []
         self._stops: list[tuple[float, int, str, int]] = []
         self._ticks: list[float] = []
+        # (when its reclaim_wait_s runs out, job id) of queued jobs: a job that waits for room
+        # rather than reclaim reclaims then, so a pass must run at that moment.
+        self._patience: list[tuple[float, str]] = []
         self._tick_times: set[float] = set()
         self._seq = 0
         self._clock = jobs[0].submit_s if jobs else 0.0
@@ -409,9 +414,14 @@ class Replay:
         )
 
     def _plan_tick(self, now: float) -> None:
-        """Tick when the next reclaimable job reaches the minimum run time, if that matters."""
+        """Tick when the next reclaimable job reaches the minimum run time, or a queued job's
+        ``reclaim_wait_s`` runs out (it may reclaim then instead of waiting for room), if that
+        matters."""
         if not self._pending or not self._reclaim_on() or not self._team_waits_under_guarantee():
             return
+        patience = self._patience
+        while patience and (patience[0][0] <= now or patience[0][1] not in self._pending):
+            heapq.heappop(patience)
         min_run = self._config.min_run_time_s
         eligible_at = [
             r.started_at + min_run
@@ -420,6 +430,8 @@ class Replay:
             and r.started_at + min_run > now
             and (r.borrowed or self._held[r.job.team] > self._teams[r.job.team].guaranteed_gpus)
         ]
+        if patience:
+            eligible_at.append(patience[0][0])
         if not eligible_at:
             return
         self._add_tick(min(eligible_at), counted=True)
@@ -529,6 +541,9 @@ class Replay:
 
     def _enqueue(self, job: Job) -> None:
         self._pending[job.id] = job
+        wait = self._config.reclaim_wait_s
+        if wait is not None and self._reclaim_on():
+            heapq.heappush(self._patience, (queued_at(job) + wait, job.id))
         self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
         self._user_usage.setdefault((job.team, job.user), 0.0)
 

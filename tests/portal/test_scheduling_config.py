@@ -40,6 +40,15 @@ def test_the_reclaim_bound_takes_seconds_or_none(monkeypatch, raw, expected):
 
 
 @pytest.mark.parametrize(
+    ("raw", "expected"), [("none", None), ("", DEFAULTS.reclaim_wait_s), ("600", 600.0)]
+)
+def test_the_reclaim_wait_takes_seconds_or_none(monkeypatch, raw, expected):
+    monkeypatch.setenv("PORTAL_SCHED_RECLAIM_WAIT_S", raw)
+
+    assert scheduler_knobs_from_env(usage_half_life_s=3600.0)["reclaim_wait_s"] == expected
+
+
+@pytest.mark.parametrize(
     ("name", "raw", "named"),
     [
         ("PORTAL_SCHED_POLICY", "lottery", "expected one of fairshare, fifo, fifo_backfill"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from sched_builders import codes, decide, job, running, snapshot, summary, whole_node
 
@@ -153,3 +155,136 @@ def test_reclaim_spares_jobs_that_have_run_longer_than_reclaim_max_run_s() -> No
 def test_reclaim_max_run_s_rejects_a_negative_value() -> None:
     with pytest.raises(ValueError, match="reclaim_max_run_s"):
         decide(snapshot([whole_node("n0")]), reclaim_max_run_s=-1.0)
+
+
+# -- jobs larger than their team's guarantee (``reclaim_wait_s``) ------------------------------
+#
+# Team o's guarantee is 1 GPU and its gang o1 holds all 4 GPUs of n0: it can only ever run on
+# borrowed capacity. Team a (guarantee 2) queues a 1-GPU job a1. now = 1000.
+
+OVERSIZED_TEAMS = [Team("a", guaranteed=2.0), Team("o", guaranteed=1.0), Team("b", guaranteed=1.0)]
+
+
+def _gang(started: float, limit: float | None) -> RunningJob:
+    gang = job("o1", "o", count=4, limit=limit)
+    return running(gang, [f"n0-g{g}" for g in range(4)], started=started, borrowed=True)
+
+
+@pytest.mark.parametrize(
+    ("started", "limit", "queued", "now", "config", "expected"),
+    [
+        # o1 has run 1000 s on 4 GPUs (4,000 GPU-s to lose) and ends at 1200: a1 waits 200 s
+        # (200 GPU-s), with the round's reservation.
+        (0.0, 1200.0, 0.0, 1000.0, {}, [("pending", "a1", "RESERVED", 1)]),
+        # o1 has run 100 s (400 GPU-s) and ends at 2900: waiting 1,900 GPU-s costs more.
+        (
+            900.0,
+            2000.0,
+            0.0,
+            1000.0,
+            {},
+            [("preempt", "o1", "a1"), ("pending", "a1", "WAITING_FOR_PREEMPTION", 1)],
+        ),
+        # o1 ends at 32000, cheaper to wait for than its 80,000 GPU-s, but a1 was queued at
+        # 19000: its 3 hours run out at 29800, before.
+        (
+            0.0,
+            32000.0,
+            19000.0,
+            20000.0,
+            {},
+            [("preempt", "o1", "a1"), ("pending", "a1", "WAITING_FOR_PREEMPTION", 1)],
+        ),
+        # a1 has been queued reclaim_wait_s already (600 s): it reclaims.
+        (
+            0.0,
+            1200.0,
+            0.0,
+            1000.0,
+            {"reclaim_wait_s": 600.0},
+            [("preempt", "o1", "a1"), ("pending", "a1", "WAITING_FOR_PREEMPTION", 1)],
+        ),
+        # Switched off: reclaim at once, whatever it throws away.
+        (
+            0.0,
+            1200.0,
+            0.0,
+            1000.0,
+            {"reclaim_wait_s": None},
+            [("preempt", "o1", "a1"), ("pending", "a1", "WAITING_FOR_PREEMPTION", 1)],
+        ),
+        # No known end (no time limit): nothing to wait for.
+        (
+            0.0,
+            None,
+            0.0,
+            1000.0,
+            {},
+            [("preempt", "o1", "a1"), ("pending", "a1", "WAITING_FOR_PREEMPTION", 1)],
+        ),
+    ],
+    ids=[
+        "waits-for-a-near-end",
+        "reclaims-when-waiting-costs-more",
+        "reclaims-when-the-end-is-past-its-wait",
+        "reclaims-once-it-waited-reclaim_wait_s",
+        "switched-off",
+        "no-known-end",
+    ],
+)
+def test_reclaim_of_a_job_larger_than_its_teams_guarantee_counts_the_work_it_throws_away(
+    started: float,
+    limit: float | None,
+    queued: float,
+    now: float,
+    config: dict[str, object],
+    expected: list[tuple[object, ...]],
+) -> None:
+    snap = snapshot(
+        [whole_node("n0")], [job("a1", at=queued)], [_gang(started, limit)], OVERSIZED_TEAMS
+    )
+    assert summary(decide(snap, now=now, **config)) == expected
+
+
+def test_reclaim_takes_borrowed_work_that_fits_its_teams_guarantee_before_an_oversized_job() -> (
+    None
+):
+    # n0: o's 2-GPU gang (larger than o's 1-GPU guarantee), started last, and b's two 1-GPU
+    # jobs (b borrows one GPU). Most recently started first would pick o1; the rule picks b2.
+    held = [
+        running(job("o1", "o", count=2), ["n0-g0", "n0-g1"], started=900.0, borrowed=True),
+        running(job("b1", "b"), ["n0-g2"], started=500.0),
+        running(job("b2", "b"), ["n0-g3"], started=600.0, borrowed=True),
+    ]
+    snap = snapshot([whole_node("n0")], [job("a1")], held, OVERSIZED_TEAMS)
+    assert [(p.job_id, p.for_job_id) for p in decide(snap).preempt] == [("b2", "a1")]
+    off = decide(snap, reclaim_wait_s=None)
+    assert [(p.job_id, p.for_job_id) for p in off.preempt] == [("o1", "a1")]
+
+
+@pytest.mark.parametrize("caches", [None, frozenset()], ids=["caches-on", "caches-off"])
+def test_a_job_that_waits_for_room_leaves_no_verdict_for_an_older_one_alike(
+    caches: frozenset[object] | None,
+) -> None:
+    # a1 (member u1, queued just now) waits for o1's end; a2 (member u2, same request, queued
+    # 20000 s ago: its reclaim_wait_s has run out) must reclaim all the same, not take a1's
+    # verdict. u2 used more, so u1's job goes first.
+    pending = [
+        job("a1", user="u1", at=19990.0),
+        job("a2", user="u2", at=0.0),
+    ]
+    snap = replace(
+        snapshot([whole_node("n0")], pending, [_gang(0.0, 21000.0)], OVERSIZED_TEAMS),
+        user_usage={("a", "u2"): 1e6},
+    )
+    config: dict[str, object] = {"max_reservations": 0}
+    if caches is not None:
+        config["caches"] = caches
+    decisions = decide(snap, now=20000.0, **config)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preempt] == [("o1", "a2")]
+    assert codes(decisions)["a2"] == "WAITING_FOR_PREEMPTION"
+
+
+def test_reclaim_wait_s_rejects_a_negative_value() -> None:
+    with pytest.raises(ValueError, match="reclaim_wait_s"):
+        decide(snapshot([whole_node("n0")]), reclaim_wait_s=-1.0)

@@ -158,6 +158,8 @@ configs = st.builds(
     max_reservations=st.integers(0, 2),
     # Jobs submitted 1,000 to 10,000 s before now: some starving at 3,000 s, none at a week.
     max_wait_s=st.sampled_from([None, 7 * 86400.0, 3000.0]),
+    # Reclaim that would take a job larger than its team's guarantee may wait for room.
+    reclaim_wait_s=st.sampled_from([None, 3 * 3600.0, 2000.0]),
 )
 
 # Examples and seeds come from the profile (tests/conftest.py): `ci` (fixed), `deep` (hunting).
@@ -387,3 +389,78 @@ def test_run_time_history_changes_no_decision_and_every_band_is_ordered(
         assert all(v >= NOW for v in known), p
         if p.eta is not None:
             assert p.eta_earliest is not None, p
+
+
+@st.composite
+def reclaim_of_oversized_jobs(draw: st.DrawFn) -> Snapshot:
+    """Team o (1 GPU of guarantee) fills whole nodes with 2- to 4-GPU gangs, each larger than
+    its guarantee, of various ages and time limits; teams a and b, within their guarantees,
+    queue small jobs queued at various times: the reclaims that may wait for room
+    (``reclaim_wait_s``), which the general snapshots above seldom reach."""
+    nodes = tuple(
+        Node(
+            f"n{n}",
+            tuple(Slice(f"n{n}-g{g}", f"n{n}", f"g{g}", WHOLE, 1.0, "A100") for g in range(4)),
+        )
+        for n in range(draw(st.integers(1, 3)))
+    )
+    running = []
+    for node in nodes:
+        left = list(node.slices)
+        while left:
+            size = min(len(left), draw(st.sampled_from([2, 3, 4])))
+            held, left = left[:size], left[size:]
+            gang = Job(
+                id=f"o-{held[0].id}",
+                team="o",
+                user="u",
+                request=GpuRequest(WHOLE, len(held)),
+                submitted_at=0.0,
+                time_limit_s=draw(st.sampled_from([None, 1000.0, 3000.0, 6000.0, 20000.0])),
+            )
+            started = float(draw(st.sampled_from([0, 5000, 9000, 9900])))
+            running.append(RunningJob(gang, node.name, tuple(s.id for s in held), started, True))
+    pending = [
+        Job(
+            id=f"p{k}",
+            team=draw(st.sampled_from(("a", "b"))),
+            user=draw(st.sampled_from(("u1", "u2"))),
+            request=GpuRequest(WHOLE, draw(st.sampled_from([1, 1, 2]))),
+            # Queued long ago (its reclaim_wait_s over) or just now, often in the same pass.
+            submitted_at=draw(st.sampled_from([0.0, 5000.0, 8000.0, 9500.0, 9990.0])),
+            time_limit_s=draw(st.sampled_from([None, 600.0, 3600.0])),
+        )
+        for k in range(draw(st.integers(1, 8)))
+    ]
+    teams = {
+        "o": Team("o", guaranteed=1.0),
+        "a": Team("a", guaranteed=4.0, usage=float(draw(st.integers(0, 10**6)))),
+        "b": Team("b", guaranteed=3.0, usage=float(draw(st.integers(0, 10**6)))),
+    }
+    usage = {("a", "u2"): float(draw(st.integers(0, 10**6)))}
+    return Snapshot(nodes, teams, tuple(pending), tuple(running), user_usage=usage)
+
+
+@PROPERTY
+@given(
+    reclaim_of_oversized_jobs(),
+    st.sampled_from([None, 600.0, 3000.0, 3 * 3600.0]),
+    st.integers(0, 2),
+    st.booleans(),
+    st.frozensets(st.sampled_from(list(Cache))),
+)
+def test_no_decision_of_a_reclaim_that_waits_for_room_depends_on_a_cache(
+    snap: Snapshot,
+    reclaim_wait_s: float | None,
+    max_reservations: int,
+    explain: bool,
+    kept: frozenset[Cache],
+) -> None:
+    config = SchedulerConfig(
+        reclaim_wait_s=reclaim_wait_s, max_reservations=max_reservations, explain=explain
+    )
+    cached = schedule(snap, now=NOW, config=config)
+    assert schedule(snap, now=NOW, config=replace(config, caches=frozenset())) == cached
+    assert schedule(snap, now=NOW, config=replace(config, caches=kept)) == cached
+    # Only reclaim preempts here, and only o borrows.
+    assert all(p.reason == "reclaim" and p.job_id.startswith("o-") for p in cached.preempt)

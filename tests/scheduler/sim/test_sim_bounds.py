@@ -1,7 +1,8 @@
 """The two anti-starvation bounds of docs/scheduling.md#starvation, checked on replays.
 
 1. A job that fits within its team's guarantee starts within ``min_run_time_s`` plus
-   ``grace_period_s`` once it heads its team's queue.
+   ``grace_period_s`` once it heads its team's queue; when the borrowed work it would reclaim
+   is a job larger than its own team's guarantee, within ``reclaim_wait_s`` more.
 2. Any job starts within ``max_wait_s`` + (1 + k) x (D + grace), where D is the longest time
    limit and k the jobs queued before it that still waited after its own maximum wait.
 
@@ -79,6 +80,57 @@ def test_a_job_within_its_guarantee_starts_within_min_run_plus_grace_of_heading_
     assert not result.unfinished
     bound = config.min_run_time_s + config.grace_period_s
     waits = guarantee_waits(result.records, {n: float(g) for n, g in TEAMS.items()})
+    assert waits, "no job headed its queue within its guarantee"
+    worst = max(waits.values())
+    assert worst <= bound + 1e-6, (worst, bound)
+
+
+OVERSIZED_TEAMS = {"a": 6, "b": 8, "o": 2}  # o asks only for gangs larger than its 2 GPUs
+
+
+@st.composite
+def oversized_traces(draw: st.DrawFn) -> list[TraceJob]:
+    """Team o fills the cluster at t=0 with 4- and 8-GPU gangs (all borrowed); a and b then
+    queue single GPUs at random, within their guarantees, so they must reclaim from o."""
+    jobs = [
+        job(
+            f"o{i:02d}",
+            draw(st.sampled_from([4, 8])),
+            0.0,
+            float(draw(st.integers(300, 6000))),
+            "o",
+        )
+        for i in range(draw(st.integers(4, 10)))
+    ]
+    jobs += [
+        job(
+            f"j{i:02d}",
+            1,
+            float(draw(st.integers(0, 3000))),
+            float(draw(st.integers(60, 3000))),
+            draw(st.sampled_from(["a", "b"])),
+        )
+        for i in range(draw(st.integers(5, 30)))
+    ]
+    return sorted(jobs, key=lambda j: j.submit_s)
+
+
+@BOUNDS
+@given(oversized_traces(), st.sampled_from([300.0, 1800.0]))
+def test_a_job_within_its_guarantee_waits_at_most_reclaim_wait_s_more_for_oversized_victims(
+    jobs: list[TraceJob], reclaim_wait_s: float
+) -> None:
+    config = SchedulerConfig(explain=False, max_wait_s=None, reclaim_wait_s=reclaim_wait_s)
+    result = replay(
+        jobs,
+        nodes=build_nodes(ClusterSpec(16)),
+        teams={name: team(name, g) for name, g in OVERSIZED_TEAMS.items()},
+        config=config,
+        schedule=schedule,
+    )
+    assert not result.unfinished
+    bound = reclaim_wait_s + config.min_run_time_s + config.grace_period_s
+    waits = guarantee_waits(result.records, {n: float(g) for n, g in OVERSIZED_TEAMS.items()})
     assert waits, "no job headed its queue within its guarantee"
     worst = max(waits.values())
     assert worst <= bound + 1e-6, (worst, bound)

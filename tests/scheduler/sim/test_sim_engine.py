@@ -76,10 +76,10 @@ def test_a_victim_runs_its_grace_period_and_is_requeued_with_its_work_lost() -> 
     # b (guarantee 4) arrives at t=10 while a borrows the whole node since t=0. The victim
     # may only be taken after min_run_time 60 s: a tick at t=60 preempts it, it stops at
     # t=90 (grace 30 s), b runs 90..190, a restarts at 190 and runs its full 1000 s again.
+    # (The stand-in reclaims at once: no tick for b1's reclaim_wait_s.)
     jobs = [job("a1", 8, 0, 1000, "a"), job("b1", 4, 10, 100, "b")]
-    result = run(
-        jobs, 8, config=FAIRSHARE, teams={"a": 0, "b": 4}, schedule=_guarantee_first_standin
-    )
+    config = replace(FAIRSHARE, reclaim_wait_s=None)
+    result = run(jobs, 8, config=config, teams={"a": 0, "b": 4}, schedule=_guarantee_first_standin)
     records = by_id(result)
     assert records["a1"].segments == (Segment(0, 90, True), Segment(190, 1190, False))
     assert records["b1"].segments == (Segment(90, 190, False),)
