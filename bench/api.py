@@ -11,7 +11,11 @@ its workers sized from the cores, the control-plane worker and beat, the command
    the time to the last one placed (the pass), to the last launch received (dispatch) and to
    the last ``started`` handled (report handling).
 2. ``GET /api/v1/jobs/?limit=1`` and ``GET /api/v1/jobs/`` (50 a page) with wrk, over a job
-   table holding ``--history`` ended jobs plus the admitted ones.
+   table holding ``--history`` ended jobs plus the admitted ones. Each wrk run is measured
+   after a discarded one of ``--warmup`` seconds (3): what a portal in service has long done
+   by then (each web thread's database connection opened, each process's view of the
+   cluster loaded, each token's last-used time written this minute) is not counted as the
+   cost of a request.
 3. ``POST /api/v1/jobs/`` with wrk (one whole GPU each; the cluster is full by then, so they
    queue and every pass the submits trigger runs over them).
 
@@ -20,7 +24,7 @@ turn, with the API's rate limits at their defaults: no request may be refused (a
 any status but the one expected, is counted and reported as an error).
 
 Prints req/s, p50 and p99 for each, and admissions/s; writes them under ``"api"`` in
-bench/results.json (the other keys kept). Options: ``--duration``, ``--connections``,
+bench/results.json (the other keys kept). Options: ``--duration``, ``--warmup``, ``--connections``,
 ``--threads`` (wrk), ``--web-workers``, ``--web-threads``, ``--worker-threads``, ``--nodes``, ``--history``, ``--users``, ``--out``.
 """
 
@@ -93,6 +97,7 @@ end
 def run(
     *,
     duration_s: int = 10,
+    warmup_s: int = 3,
     connections: int = 16,
     threads: int = 2,
     nodes: int = 250,
@@ -128,7 +133,12 @@ def run(
         "web_workers": web_workers or processes.web_workers_for_cores(),
         "web_threads": web_threads,
         "control_worker_threads": threads_of_worker,
-        "wrk": {"duration_s": duration_s, "connections": connections, "threads": threads},
+        "wrk": {
+            "duration_s": duration_s,
+            "warmup_s": warmup_s,
+            "connections": connections,
+            "threads": threads,
+        },
         "nodes": nodes,
         "gpus": nodes * GPUS_PER_NODE,
         "users": users,
@@ -163,11 +173,33 @@ def run(
                 ("list", "/api/v1/jobs/"),
             ):
                 print(f"\n== GET {path} ==", flush=True)
+                if warmup_s:
+                    _wrk(
+                        stack.url,
+                        "GET",
+                        path,
+                        None,
+                        world["tokens"],
+                        warmup_s,
+                        connections,
+                        threads,
+                    )
                 results[label] = _wrk(
                     stack.url, "GET", path, None, world["tokens"], duration_s, connections, threads
                 )
                 _print_http(results[label], target_rps=TARGETS["list_rps"])
             print("\n== POST /api/v1/jobs/ (submit) ==", flush=True)
+            if warmup_s:
+                _wrk(
+                    stack.url,
+                    "POST",
+                    "/api/v1/jobs/",
+                    SUBMIT_BODY,
+                    world["tokens"],
+                    warmup_s,
+                    connections,
+                    threads,
+                )
             results["submit"] = _wrk(
                 stack.url,
                 "POST",
@@ -438,6 +470,12 @@ def _temporary_folder() -> Iterator[Path]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.api", description=__doc__)
     parser.add_argument("--duration", type=int, default=10, help="seconds of each wrk run")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="seconds of a discarded wrk run before each measured one (0: none)",
+    )
     parser.add_argument("--connections", type=int, default=16, help="wrk's open connections")
     parser.add_argument("--threads", type=int, default=2, help="wrk's threads")
     parser.add_argument("--nodes", type=int, default=250, help="nodes of 8 GPUs (admissions)")
@@ -458,6 +496,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     results = run(
         duration_s=args.duration,
+        warmup_s=args.warmup,
         connections=args.connections,
         threads=args.threads,
         nodes=args.nodes,
