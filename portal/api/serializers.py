@@ -150,19 +150,25 @@ class PendingSerializer(serializers.Serializer):
     )
 
 
-def pending_of(job: Job) -> dict[str, Any] | None:
-    """The scheduler's latest explanation of a PENDING job, as the shell stored it."""
-    if job.state != JobState.PENDING:
+def pending_of(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The scheduler's latest explanation of a PENDING job, as the shell stored it, from the
+    job's ``JOB_SUMMARY_COLUMNS`` (``job_row``); None for a job in another state."""
+    if row["state"] != JobState.PENDING:
         return None
+    band = start_band_of(
+        row["estimated_start_earliest_at"],
+        row["estimated_start_at"],
+        row["estimated_start_latest_at"],
+    )
     return {
-        "code": job.pending_code or None,
-        "message": job.pending_message or "waiting for the next scheduling pass",
-        "numbers": job.pending_numbers or {},
-        "position": job.queue_position,
-        "estimated_start_at": job.estimated_start_at,
-        "estimated_start_band": start_band_of(
-            job.estimated_start_earliest_at, job.estimated_start_at, job.estimated_start_latest_at
-        ),
+        "code": row["pending_code"] or None,
+        "message": row["pending_message"] or "waiting for the next scheduling pass",
+        "numbers": row["pending_numbers"] or {},
+        "position": row["queue_position"],
+        "estimated_start_at": iso_time(row["estimated_start_at"]),
+        "estimated_start_band": None
+        if band is None
+        else {name: iso_time(at) for name, at in band.items()},
     }
 
 
@@ -171,10 +177,11 @@ class ArrayRefSerializer(serializers.Serializer):
     index = serializers.IntegerField(help_text="its PORTAL_ARRAY_INDEX")
 
 
-def array_ref_of(job: Job) -> dict[str, int] | None:
-    if job.array_id is None:
+def array_ref_of(row: Mapping[str, Any]) -> dict[str, int] | None:
+    """A job array member's array and index, from its ``JOB_SUMMARY_COLUMNS``; None."""
+    if row["array_id"] is None:
         return None
-    return {"id": job.array_id, "index": job.array_index or 0}
+    return {"id": row["array_id"], "index": row["array_index"] or 0}
 
 
 class JobSummarySerializer(serializers.Serializer):
@@ -199,11 +206,11 @@ class JobSummarySerializer(serializers.Serializer):
 
     @extend_schema_field(PendingSerializer(allow_null=True))
     def get_pending(self, job: Job) -> dict[str, Any] | None:
-        return pending_of(job)
+        return pending_of(job_row(job))
 
     @extend_schema_field(ArrayRefSerializer(allow_null=True))
     def get_array(self, job: Job) -> dict[str, int] | None:
-        return array_ref_of(job)
+        return array_ref_of(job_row(job))
 
 
 class SliceSerializer(serializers.Serializer):
@@ -315,24 +322,6 @@ def job_row(job: Job) -> dict[str, Any]:
 def job_summary_data(row: Mapping[str, Any]) -> dict[str, Any]:
     """A job as ``JobSummarySerializer`` shows it, from its ``JOB_SUMMARY_COLUMNS``."""
     state = row["state"]
-    pending = None
-    if state == JobState.PENDING:
-        band = start_band_of(
-            row["estimated_start_earliest_at"],
-            row["estimated_start_at"],
-            row["estimated_start_latest_at"],
-        )
-        pending = {
-            "code": row["pending_code"] or None,
-            "message": row["pending_message"] or "waiting for the next scheduling pass",
-            "numbers": row["pending_numbers"] or {},
-            "position": row["queue_position"],
-            "estimated_start_at": iso_time(row["estimated_start_at"]),
-            "estimated_start_band": None
-            if band is None
-            else {name: iso_time(at) for name, at in band.items()},
-        }
-    array_id = row["array_id"]
     return {
         "id": row["id"],
         "name": row["name"],
@@ -355,8 +344,8 @@ def job_summary_data(row: Mapping[str, Any]) -> dict[str, Any]:
         "exit_code": row["exit_code"],
         "reason": row["reason"],
         "node": row["node__name"],
-        "pending": pending,
-        "array": None if array_id is None else {"id": array_id, "index": row["array_index"] or 0},
+        "pending": pending_of(row),
+        "array": array_ref_of(row),
     }
 
 
