@@ -356,6 +356,9 @@ try:
     # A pass asked for by a trigger is skipped when another pass took its snapshot after
     # the request; one that finds the lock held retries after this long.
     SCHEDULE_RETRY_S = env_float("PORTAL_SCHEDULE_RETRY_S", 0.25, minimum=0.01)
+    # A process asks for at most one pass per this many seconds (the asks in between are
+    # sent as one at its end: portal/passes.py); 0 sends every ask at once.
+    SCHEDULE_REQUEST_COALESCE_S = env_float("PORTAL_SCHEDULE_REQUEST_COALESCE_S", 0.05, minimum=0.0)
 except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None

@@ -21,6 +21,15 @@ hypothesis_settings.register_profile("deep", derandomize=False, max_examples=400
 hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+@pytest.fixture(autouse=True)
+def _schedule_requests_sent_at_once(settings) -> None:  # noqa: ANN001 - pytest-django's
+    """In-process tests see each 'schedule now' request sent when its transaction commits:
+    a request coalesced into a timer's send would reach a later test (portal/passes.py;
+    tests/portal/test_schedule_requests.py tests the coalescing itself). The real processes
+    the stack tests start keep the default."""
+    settings.SCHEDULE_REQUEST_COALESCE_S = 0.0
+
+
 @pytest.fixture
 def postgres_db(settings) -> None:  # noqa: ANN001 - pytest-django's settings fixture
     """For tests that only make sense on PostgreSQL (races, advisory locks)."""

@@ -108,6 +108,7 @@ class PortalStack:
         broker_url: str = "",
         agent: bool = True,
         web_workers: int | None = 1,
+        web_threads: int = 4,
         worker_concurrency: int = 2,
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -128,6 +129,7 @@ class PortalStack:
         self.schedule_interval_s = schedule_interval_s
         self.agent_env = dict(agent_env or {})
         self.web_workers = web_workers
+        self.web_threads = web_threads
         self.worker_concurrency = worker_concurrency
         self.url: str | None = None
         self.broker_url = broker_url
@@ -201,7 +203,7 @@ class PortalStack:
                     host="127.0.0.1",
                     port=port,
                     workers=self.web_workers,
-                    threads=4,
+                    threads=self.web_threads,
                     env=env,
                     metrics_dir=processes.web_metrics_dir(self.var_dir),
                 )

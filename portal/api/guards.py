@@ -170,12 +170,10 @@ class NewestFirstPagination(BasePagination):
 
     def _link(self, row: Any, *, backwards: bool) -> str:
         time_field, id_field = self.ordering
-        at: datetime = getattr(row, time_field)
-        position = {
-            "d": "prev" if backwards else "next",
-            "t": at.isoformat(),
-            "i": getattr(row, id_field),
-        }
+        # A page holds model instances, or plain rows (``values()``).
+        at: datetime = row[time_field] if isinstance(row, Mapping) else getattr(row, time_field)
+        pk = row[id_field] if isinstance(row, Mapping) else getattr(row, id_field)
+        position = {"d": "prev" if backwards else "next", "t": at.isoformat(), "i": pk}
         cursor = base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
         url = self.request.build_absolute_uri()
         url = replace_query_param(url, self.cursor_query_param, cursor)

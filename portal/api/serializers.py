@@ -7,6 +7,7 @@ accept exactly the same things).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +18,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from portal.jobs.arrays import ArrayView
-from portal.jobs.models import NOTIFY_EVENTS, GpuKind, Job, JobDependency, JobState
+from portal.jobs.models import NOTIFY_EVENTS, GpuKind, Job, JobDependency, JobEvent, JobState
 from portal.jobs.selectors import job_slices
 from portal.jobs.validation import TIME_LIMIT_MAX
 from portal.tenants.models import PRIORITY_CLASSES, TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
@@ -149,19 +150,25 @@ class PendingSerializer(serializers.Serializer):
     )
 
 
-def pending_of(job: Job) -> dict[str, Any] | None:
-    """The scheduler's latest explanation of a PENDING job, as the shell stored it."""
-    if job.state != JobState.PENDING:
+def pending_of(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The scheduler's latest explanation of a PENDING job, as the shell stored it, from the
+    job's ``JOB_SUMMARY_COLUMNS`` (``job_row``); None for a job in another state."""
+    if row["state"] != JobState.PENDING:
         return None
+    band = start_band_of(
+        row["estimated_start_earliest_at"],
+        row["estimated_start_at"],
+        row["estimated_start_latest_at"],
+    )
     return {
-        "code": job.pending_code or None,
-        "message": job.pending_message or "waiting for the next scheduling pass",
-        "numbers": job.pending_numbers or {},
-        "position": job.queue_position,
-        "estimated_start_at": job.estimated_start_at,
-        "estimated_start_band": start_band_of(
-            job.estimated_start_earliest_at, job.estimated_start_at, job.estimated_start_latest_at
-        ),
+        "code": row["pending_code"] or None,
+        "message": row["pending_message"] or "waiting for the next scheduling pass",
+        "numbers": row["pending_numbers"] or {},
+        "position": row["queue_position"],
+        "estimated_start_at": iso_time(row["estimated_start_at"]),
+        "estimated_start_band": None
+        if band is None
+        else {name: iso_time(at) for name, at in band.items()},
     }
 
 
@@ -170,10 +177,11 @@ class ArrayRefSerializer(serializers.Serializer):
     index = serializers.IntegerField(help_text="its PORTAL_ARRAY_INDEX")
 
 
-def array_ref_of(job: Job) -> dict[str, int] | None:
-    if job.array_id is None:
+def array_ref_of(row: Mapping[str, Any]) -> dict[str, int] | None:
+    """A job array member's array and index, from its ``JOB_SUMMARY_COLUMNS``; None."""
+    if row["array_id"] is None:
         return None
-    return {"id": job.array_id, "index": job.array_index or 0}
+    return {"id": row["array_id"], "index": row["array_index"] or 0}
 
 
 class JobSummarySerializer(serializers.Serializer):
@@ -198,11 +206,11 @@ class JobSummarySerializer(serializers.Serializer):
 
     @extend_schema_field(PendingSerializer(allow_null=True))
     def get_pending(self, job: Job) -> dict[str, Any] | None:
-        return pending_of(job)
+        return pending_of(job_row(job))
 
     @extend_schema_field(ArrayRefSerializer(allow_null=True))
     def get_array(self, job: Job) -> dict[str, int] | None:
-        return array_ref_of(job)
+        return array_ref_of(job_row(job))
 
 
 class SliceSerializer(serializers.Serializer):
@@ -249,6 +257,151 @@ class JobDetailSerializer(JobSummarySerializer):
     @extend_schema_field(SliceSerializer(many=True))
     def get_slices(self, job: Job) -> list[dict[str, Any]]:
         return job_slices(job=job)
+
+
+# --- jobs: the answers themselves -------------------------------------------------------
+#
+# The serializers above describe the answers in the schema; the views build the answers with
+# the plain functions below, which give the same JSON (tests/portal/test_api_answers.py holds
+# them to it) for a fraction of the CPU: a DRF serializer deep-copies its dozens of fields
+# for each object and calls each field's to_representation, which was most of what a list
+# page and a submit cost the web process.
+
+# The columns a job's summary is made of, for ``QuerySet.values`` (a list reads only these).
+JOB_SUMMARY_COLUMNS = (
+    "id",
+    "name",
+    "team__name",
+    "user__username",
+    "state",
+    "attempt",
+    "gpu_kind",
+    "gpu_count",
+    "gpu_min_count",
+    "gpu_profile",
+    "gpu_model",
+    "multi_node",
+    "priority",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "exit_code",
+    "reason",
+    "node__name",
+    "pending_code",
+    "pending_message",
+    "pending_numbers",
+    "queue_position",
+    "estimated_start_at",
+    "estimated_start_earliest_at",
+    "estimated_start_latest_at",
+    "array_id",
+    "array_index",
+)
+
+
+def iso_time(value: datetime | None) -> str | None:
+    """A time as DRF's DateTimeField writes it: ISO 8601 in the current time zone (UTC), with
+    ``Z`` for +00:00; None for none."""
+    if not value:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def job_row(job: Job) -> dict[str, Any]:
+    """A job's ``JOB_SUMMARY_COLUMNS`` as ``values()`` would read them (its team, user and
+    node should be loaded with it: select_related)."""
+    row = {column: getattr(job, column) for column in JOB_SUMMARY_COLUMNS if "__" not in column}
+    row["team__name"] = job.team.name
+    row["user__username"] = job.user.username
+    row["node__name"] = job.node.name if job.node_id is not None else None
+    return row
+
+
+def job_summary_data(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A job as ``JobSummarySerializer`` shows it, from its ``JOB_SUMMARY_COLUMNS``."""
+    state = row["state"]
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "team": row["team__name"],
+        "user": row["user__username"],
+        "state": state,
+        "attempt": row["attempt"],
+        "gpu": {
+            "kind": row["gpu_kind"],
+            "count": row["gpu_count"],
+            "min_count": row["gpu_min_count"] or None,
+            "profile": row["gpu_profile"],
+            "model": row["gpu_model"],
+            "multi_node": bool(row["multi_node"]),
+        },
+        "priority": row["priority"],
+        "submitted_at": iso_time(row["submitted_at"]),
+        "started_at": iso_time(row["started_at"]),
+        "finished_at": iso_time(row["finished_at"]),
+        "exit_code": row["exit_code"],
+        "reason": row["reason"],
+        "node": row["node__name"],
+        "pending": pending_of(row),
+        "array": array_ref_of(row),
+    }
+
+
+def job_detail_data(
+    job: Job,
+    *,
+    dependencies: Iterable[JobDependency],
+    events: Iterable[JobEvent],
+    slices: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """A job as ``JobDetailSerializer`` shows it: ``job`` (team, user and node loaded with
+    it), its dependencies, its events in order and its slices (``job_slices``)."""
+    data = job_summary_data(job_row(job))
+    data.update(
+        image=job.image,
+        command=[str(part) for part in job.command],
+        env={str(name): str(value) for name, value in job.env.items()},
+        time_limit_s=job.time_limit_s,
+        preemptible=bool(job.preemptible),
+        borrowed=bool(job.borrowed),
+        queued_since=iso_time(job.queued_since),
+        assigned_at=iso_time(job.assigned_at),
+        stop_requested_at=iso_time(job.stop_requested_at),
+        stop_reason=job.stop_reason,
+        depends_on=[
+            {"job": dependency.depends_on_id, "kind": dependency.kind}
+            for dependency in dependencies
+        ],
+        notify=None if job.notify is None else [str(event) for event in job.notify],
+        slices=[
+            {
+                "key": part["key"],
+                "kind": part["kind"],
+                "profile": part["profile"],
+                "gpu_uuid": part["gpu_uuid"],
+                "mig_uuid": part["mig_uuid"],
+                "units": float(part["units"]),
+                "node": part["node"],
+                "gpu_index": part["gpu_index"],
+                "gpu_model": part["gpu_model"],
+                "active": bool(part["active"]),
+            }
+            for part in slices
+        ],
+        events=[
+            {
+                "at": iso_time(event.at),
+                "from_state": event.from_state,
+                "to_state": event.to_state,
+                "attempt": event.attempt,
+                "message": event.message,
+            }
+            for event in events
+        ],
+    )
+    return data
 
 
 class JobLogSerializer(serializers.Serializer):

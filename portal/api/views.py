@@ -25,6 +25,7 @@ from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScope
 from portal.api.errors import api_exception_handler
 from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
 from portal.api.serializers import (
+    JOB_SUMMARY_COLUMNS,
     ArrayDetailSerializer,
     ErrorSerializer,
     JobDetailSerializer,
@@ -37,18 +38,28 @@ from portal.api.serializers import (
     TokenCreateSerializer,
     TokenSerializer,
     array_data,
+    job_detail_data,
+    job_summary_data,
 )
 from portal.jobs.arrays import array_submit, array_view, validate_array_request
-from portal.jobs.models import Job, JobState
+from portal.jobs.models import Job, JobDependency, JobEvent, JobState
 from portal.jobs.selectors import (
     job_get_for_user,
     job_list_for_user,
     job_log,
     job_log_after,
+    job_slices,
     team_overviews,
 )
-from portal.jobs.services import job_cancel, job_hold, job_release, job_resubmit, job_submit
-from portal.jobs.validation import validate_job_request
+from portal.jobs.services import (
+    job_cancel,
+    job_hold,
+    job_release,
+    job_resubmit,
+    job_submit,
+    submission_message,
+)
+from portal.jobs.validation import JobRequest, validate_job_request
 from portal.tenants.models import Team
 from portal.tenants.selectors import can_admin_team, is_site_admin, teams_for_user
 from portal.tenants.services import quota_update
@@ -97,9 +108,42 @@ def _job_for(request: Request, job_id: int) -> Job:
 
 
 def _detail(job: Job) -> dict[str, Any]:
-    # Re-read with team, user and node joined so the response costs no extra query per field.
-    job = Job.objects.select_related("team", "user", "node").get(pk=job.pk)
-    return JobDetailSerializer(job).data
+    """The job as it is now (re-read after an action changed it), with its dependencies,
+    slices and events: four queries whatever their number."""
+    return _detail_of(Job.objects.select_related("team", "user", "node").get(pk=job.pk))
+
+
+def _detail_of(job: Job) -> dict[str, Any]:
+    # `job` came with its team, user and node joined: no extra query per field.
+    return job_detail_data(
+        job,
+        dependencies=job.dependencies.all(),
+        events=job.events.all(),
+        slices=job_slices(job=job),
+    )
+
+
+def _submitted_detail(job: Job, request: JobRequest) -> dict[str, Any]:
+    """A job just submitted, as ``_detail`` would read it back, from what the submit stored:
+    the request's dependencies, its one event (``submission_message``) and no slices."""
+    return job_detail_data(
+        job,
+        dependencies=[
+            JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
+            for dependency in request.depends_on
+        ],
+        events=[
+            JobEvent(
+                job=job,
+                at=job.submitted_at,
+                from_state="",
+                to_state=JobState.PENDING,
+                attempt=0,
+                message=submission_message(user=job.user, request=request),
+            )
+        ],
+        slices=[],
+    )
 
 
 class JobListView(PortalAPIView, GenericAPIView):
@@ -137,8 +181,9 @@ class JobListView(PortalAPIView, GenericAPIView):
         responses={200: JobSummarySerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        page = self.paginate_queryset(self.get_queryset())
-        return self.get_paginated_response(JobSummarySerializer(page, many=True).data)
+        # Only the columns the summary shows, as plain rows (no model instances).
+        page = self.paginate_queryset(self.get_queryset().values(*JOB_SUMMARY_COLUMNS))
+        return self.get_paginated_response([job_summary_data(row) for row in page])
 
     @extend_schema(
         summary="Submit a job (or, with array, a job array)",
@@ -166,7 +211,7 @@ class JobListView(PortalAPIView, GenericAPIView):
         job_request = validate_job_request(request.data, user=request.user)
         job = job_submit(user=request.user, request=job_request)
         return Response(
-            _detail(job),
+            _submitted_detail(job, job_request),
             status=status.HTTP_201_CREATED,
             headers={"Location": f"/api/v1/jobs/{job.pk}/"},
         )
@@ -178,7 +223,7 @@ class JobDetailView(PortalAPIView):
         responses={200: JobDetailSerializer, **ERRORS, **NOT_FOUND},
     )
     def get(self, request: Request, job_id: int) -> Response:
-        return Response(_detail(_job_for(request, job_id)))
+        return Response(_detail_of(_job_for(request, job_id)))
 
 
 def _action_responses(conflict: str, *, ok: int = 200) -> dict[Any, Any]:

@@ -72,6 +72,11 @@ class ArrayMember:
     env: Mapping[str, str]
 
 
+def submission_message(*, user: Any, request: JobRequest) -> str:
+    """The message of a submitted job's first event (an array's members add their place)."""
+    return "; ".join((f"submitted by {user.get_username()}", *request.notes))
+
+
 def job_submit(*, user: Any, request: JobRequest, member: ArrayMember | None = None) -> Job:
     """Store a validated request as a PENDING job and ask for a scheduling pass on commit."""
     return jobs_submit(user=user, request=request, members=[member])[0]
@@ -117,7 +122,7 @@ def jobs_submit(
             for job in jobs
             for dependency in request.depends_on
         )
-        message = "; ".join((f"submitted by {user.get_username()}", *request.notes))
+        message = submission_message(user=user, request=request)
         record_submissions(
             [
                 (

@@ -38,8 +38,8 @@ from django.db.models import Min
 from portal.cluster.models import Slice
 from portal.jobs.cluster_fit import fit_cluster
 from portal.jobs.models import NOTIFY_EVENTS, TERMINAL_STATES, Job, JobDependency, JobState
-from portal.tenants.models import PRIORITY_CLASSES, Membership, Team
-from portal.tenants.selectors import member_teams, teams_for_user
+from portal.tenants.models import PRIORITY_CLASSES, Team
+from portal.tenants.selectors import memberships_for_user, teams_for_user
 from scheduler.model import GpuRequest, SliceKind
 from scheduler.units import MIG_PROFILES, parse_mig_profile
 from workers.images import allowed_text, image_allowed
@@ -140,7 +140,7 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
             errors[str(key)] = f"unknown field; allowed: {', '.join(FIELDS)}"
 
     name = _name(data.get("name"), errors)
-    team = _team(data.get("team"), user, errors)
+    team, own_limit = _team(data.get("team"), user, errors)
     image = _image(data.get("image"), errors)
     if team is not None and "image" not in errors:
         _check_image_allowed(image, team, errors)
@@ -156,7 +156,7 @@ def validate_job_request(data: Mapping[str, Any], *, user: Any) -> JobRequest:
     if gpu is not None:
         gpu, notes = fit_cluster(gpu, errors)
     if team is not None and gpu is not None:
-        _check_limits(gpu, team, user, errors)
+        _check_limits(gpu, team, own_limit, errors)
 
     if errors:
         raise JobRequestError(errors)
@@ -198,8 +198,11 @@ def _name(value: Any, errors: dict[str, str]) -> str:
     return name
 
 
-def _team(value: Any, user: Any, errors: dict[str, str]) -> Team | None:
-    mine = list(member_teams(user=user).order_by("name"))
+def _team(value: Any, user: Any, errors: dict[str, str]) -> tuple[Team | None, float | None]:
+    """The team named, among ``user``'s, with ``user``'s own limit in it (a team admin sets
+    it; None: none): one query for both."""
+    memberships = list(memberships_for_user(user=user))
+    mine = [membership.team for membership in memberships]
     allowed = (
         f"allowed: {', '.join(team.name for team in mine)}"
         if mine
@@ -209,15 +212,15 @@ def _team(value: Any, user: Any, errors: dict[str, str]) -> Team | None:
         value = value.name
     if _blank(value):
         errors["team"] = f"required; {allowed}"
-        return None
+        return None, None
     if not isinstance(value, str):
         errors["team"] = f"must be a team name; {allowed}"
-        return None
-    for team in mine:
-        if team.name == value.strip():
-            return team
+        return None, None
+    for membership in memberships:
+        if membership.team.name == value.strip():
+            return membership.team, membership.limit_units
     errors["team"] = f"{value!r} is not one of your teams; {allowed}"
-    return None
+    return None, None
 
 
 def _image(value: Any, errors: dict[str, str]) -> str:
@@ -519,7 +522,9 @@ def _dependencies_from_text(text: str) -> list[Any]:
 # --- cross-field checks ----------------------------------------------------------------
 
 
-def _check_limits(gpu: GpuRequest, team: Team, user: Any, errors: dict[str, str]) -> None:
+def _check_limits(
+    gpu: GpuRequest, team: Team, own_limit: float | None, errors: dict[str, str]
+) -> None:
     """Refuse a request that could never run: more GPU units than the team may ever hold.
 
     An elastic gang is measured by its minimum, since it can run with that many. For MPS the
@@ -531,11 +536,6 @@ def _check_limits(gpu: GpuRequest, team: Team, user: Any, errors: dict[str, str]
         return
     needed = each * gpu.minimum
     # A member's own limit (set by a team admin) tightens the team's per-member limit.
-    own_limit = (
-        Membership.objects.filter(team=team, user_id=getattr(user, "pk", None))
-        .values_list("limit_units", flat=True)
-        .first()
-    )
     for limit, whose in (
         (team.limit_units, f"team {team.name}'s limit"),
         (team.member_limit_units, f"team {team.name}'s per-member limit"),

@@ -34,6 +34,14 @@ def member_teams(*, user: Any) -> QuerySet[Team]:
     return Team.objects.filter(memberships__user=user).distinct()
 
 
+def memberships_for_user(*, user: Any) -> QuerySet[Membership]:
+    """``user``'s memberships (the teams of ``member_teams``, with the member's own limit),
+    their teams joined, by team name."""
+    if not getattr(user, "is_authenticated", False):
+        return Membership.objects.none()
+    return Membership.objects.filter(user=user).select_related("team").order_by("team__name")
+
+
 def can_admin_team(*, user: Any, team: Team) -> bool:
     """A site admin administers every team; a team admin their own team."""
     if is_site_admin(user):

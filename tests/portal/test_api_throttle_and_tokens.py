@@ -152,3 +152,13 @@ def test_a_bad_rate_names_the_variable_and_the_format(monkeypatch, raw):
         f"PORTAL_API_THROTTLE_USER={raw!r}: expected requests per period such as 120/min "
         "(periods: s, min, hour, day), or off"
     )
+
+
+def test_the_counters_skip_the_write_ahead_log_on_postgresql(postgres_db):
+    # Each API request counts a hit: logged, its commit waited for the disk (migration 0008).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relpersistence FROM pg_class WHERE relname = %s",
+            [AccessCounter._meta.db_table],
+        )
+        assert cursor.fetchone() == ("u",)

@@ -520,5 +520,7 @@ def test_a_node_that_grew_counts_at_the_next_submit_and_an_unchanged_one_is_not_
     # The agent's next heartbeats change nothing: the next check reads no slice.
     assert not sync_inventory(node, described_inventory("node-g", eight).gpus)
     request = {**BODY, "gpu": {"kind": "whole", "count": 8}}
-    with django_assert_num_queries(3):  # the member's teams, the inventory's token, their limit
+    with django_assert_num_queries(
+        2
+    ):  # the member's teams with their own limit, the inventory's token
         validate_job_request(request, user=world.alice)

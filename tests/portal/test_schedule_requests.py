@@ -1,0 +1,59 @@
+"""A process coalesces its 'schedule now' requests: the first at once, the rest of a window
+as one send at its end (portal/passes.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from portal.passes import Coalescer
+
+
+class Sends:
+    def __init__(self) -> None:
+        self.count = 0
+        self.sent = threading.Event()
+
+    def __call__(self) -> None:
+        self.count += 1
+        self.sent.set()
+
+
+def test_the_first_request_is_sent_at_once_and_a_burst_after_it_as_one_send_at_the_end():
+    sends = Sends()
+    # The decisions read this clock (it stands still: the burst is within the window
+    # however slowly the machine runs); the timer waits for real.
+    coalescer = Coalescer(sends, window=lambda: 0.2, clock=lambda: 100.0)
+
+    coalescer.ask()
+    assert sends.count == 1
+    sends.sent.clear()
+    began = time.monotonic()
+    for _ in range(50):
+        coalescer.ask()
+    assert sends.count == 1  # the burst waits for the window's end
+
+    assert sends.sent.wait(timeout=10)
+    assert time.monotonic() - began >= 0.2
+    time.sleep(0.3)  # no other send follows: one for the whole burst
+    assert sends.count == 2
+
+
+def test_a_request_after_a_quiet_window_is_sent_at_once():
+    now = [100.0]
+    sends = Sends()
+    coalescer = Coalescer(sends, window=lambda: 0.05, clock=lambda: now[0])
+
+    coalescer.ask()
+    now[0] += 0.06
+    coalescer.ask()
+
+    assert sends.count == 2
+
+
+def test_a_window_of_0_sends_every_request_at_once():
+    sends = Sends()
+    coalescer = Coalescer(sends, window=lambda: 0.0)
+    for _ in range(5):
+        coalescer.ask()
+    assert sends.count == 5
