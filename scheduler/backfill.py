@@ -260,8 +260,20 @@ class Estimator:
         self._remember = remember
         self._single: dict[Pool, list[tuple[int, float]]] = {}
         self._spread: dict[Pool, list[tuple[int, float]]] = {}
+        # The answer per request: a queue asks the same few again and again.
+        self._answers: dict[tuple[tuple[Pool, ...], int, bool], float | None] = {}
 
-    def earliest(self, pools: Sequence[Pool], need: int, multi_node: bool) -> float | None:
+    def earliest(self, pools: tuple[Pool, ...], need: int, multi_node: bool) -> float | None:
+        if not self._remember:
+            return self._earliest(pools, need, multi_node)
+        key = (pools, need, multi_node)
+        answers = self._answers
+        if key in answers:
+            return answers[key]
+        found = answers[key] = self._earliest(pools, need, multi_node)
+        return found
+
+    def _earliest(self, pools: Sequence[Pool], need: int, multi_node: bool) -> float | None:
         best: float | None = None
         for pool in pools:
             levels = self._levels(pool, multi_node)
