@@ -12,9 +12,10 @@ With explanations off (trace replays) the reasons are bare codes and nothing is 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
@@ -261,11 +262,11 @@ class Explainer:
             c = entry.candidate
             code = entry.code
             if c is None or code in _AS_EXPLAINED:
-                append(Pending(entry.job.id, reason, position, eta, eta, eta))
+                append(new_pending(entry.job.id, reason, position, eta, eta, eta))
                 continue
             held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
             if held_back is None and eta is None and code in _HELD_BACK:
-                append(Pending(entry.job.id, reason, position, None, None, None))
+                append(new_pending(entry.job.id, reason, position, None, None, None))
                 continue
             job = c.job
             pools, need, spread = c.pools, c.minimum, job.request.multi_node
@@ -311,7 +312,7 @@ class Explainer:
                 likely = latest
             if earliest is not None and likely is not None and earliest > likely:
                 earliest = likely
-            append(Pending(job.id, reason, position, likely, earliest, latest))
+            append(new_pending(job.id, reason, position, likely, earliest, latest))
         return pending
 
     def _timelines(self) -> tuple[Timeline, Timeline, Timeline]:
@@ -469,6 +470,37 @@ class Explainer:
 def _cumulative(releases: list[tuple[float, float, str]]) -> Releases:
     """End times, and the units freed by each of them, of releases sorted by end."""
     return [end for end, _, _ in releases], list(itertools.accumulate(u for _, u, _ in releases))
+
+
+# --- one pending decision per pending job ---------------------------------------------------
+
+# The slots of ``Pending``, set through their descriptors: a frozen dataclass's ``__init__``
+# goes through ``object.__setattr__`` once per field, which costs twice as much, and a pass
+# with explanations makes one per pending job (``tests/scheduler/test_core_explain_sharing``
+# pins that this makes the same object as ``Pending(...)``).
+_PENDING_SLOTS: tuple[Callable[[Pending, object], None], ...] = tuple(
+    getattr(Pending, f.name).__set__ for f in dataclasses.fields(Pending)
+)
+_SET_ID, _SET_REASON, _SET_POSITION, _SET_ETA, _SET_EARLIEST, _SET_LATEST = _PENDING_SLOTS
+
+
+def new_pending(
+    job_id: str,
+    reason: Reason,
+    position: int,
+    eta: float | None,
+    earliest: float | None,
+    latest: float | None,
+) -> Pending:
+    """``Pending(job_id, reason, position, eta, earliest, latest)``, made faster."""
+    made: Pending = object.__new__(Pending)
+    _SET_ID(made, job_id)
+    _SET_REASON(made, reason)
+    _SET_POSITION(made, position)
+    _SET_ETA(made, eta)
+    _SET_EARLIEST(made, earliest)
+    _SET_LATEST(made, latest)
+    return made
 
 
 # --- reasons -------------------------------------------------------------------------------
