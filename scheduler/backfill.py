@@ -17,6 +17,7 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from scheduler.cluster import FreeIndex, Placement, Pool
 from scheduler.model import Slice, SliceKind
@@ -25,6 +26,7 @@ from scheduler.quota import Held
 # (end time, node number, sequence number, slices of one pool that come free then); the
 # sequence number keeps tuples comparable without ever comparing slices.
 Release = tuple[float, int, int, tuple[Slice, ...]]
+_ID = attrgetter("id")
 
 
 class Timeline:
@@ -68,7 +70,10 @@ class Timeline:
         node_of, pool_of_id = shape.slice_node, shape.slice_pool
         first = slices[0].id
         pool, node = pool_of_id[first], node_of[first]
-        if all(pool_of_id[s.id] == pool and node_of[s.id] == node for s in slices):
+        ids = list(map(_ID, slices))
+        if all(map(pool.__eq__, map(pool_of_id.__getitem__, ids))) and all(
+            map(node.__eq__, map(node_of.__getitem__, ids))
+        ):
             return [(pool, (end, node, seq, tuple(slices)))]  # the usual: one pool, one node
         groups: dict[tuple[Pool, int], list[Slice]] = {}
         for item in slices:
