@@ -165,11 +165,15 @@ class QueuePlan:
         serve one team at a time): None."""
         if not pools or pools[0][0] is SliceKind.MPS:
             return None
-        best = self._pool(pools[0])
-        for pool in pools[1:]:
-            plan = self._pool(pool)
-            if plan.free > best.free:
+        known = self._pools
+        best: _PoolPlan | None = None
+        for pool in pools:
+            plan = known.get(pool)
+            if plan is None:
+                plan = self._pool(pool)
+            if best is None or plan.free > best.free:
                 best = plan
+        assert best is not None
         return best.book(need, run_s, not_before)
 
 
