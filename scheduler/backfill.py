@@ -256,14 +256,6 @@ def set_aside_again(index: FreeIndex, reservation: Reservation, back: Sequence[S
     reservation.set_aside = mps + still
 
 
-def _first_at(levels: Sequence[tuple[int, float]], need: int) -> float | None:
-    """When the level first reaches ``need`` (None: never)."""
-    for level, at in levels:
-        if level >= need:
-            return at
-    return None
-
-
 # --- estimates ------------------------------------------------------------------------------
 
 
@@ -289,62 +281,34 @@ class Estimator:
         self._remember = remember
         self._single: dict[Pool, list[tuple[int, float]]] = {}
         self._spread: dict[Pool, list[tuple[int, float]]] = {}
-        self._cut: set[Pool] = set()  # pools whose single-node levels stopped at the most
-        # The answer per request: a queue asks the same few again and again.
-        self._answers: dict[tuple[tuple[Pool, ...], int, bool], float | None] = {}
 
-    def earliest(self, pools: tuple[Pool, ...], need: int, multi_node: bool) -> float | None:
-        if not self._remember:
-            return self._earliest(pools, need, multi_node)
-        key = (pools, need, multi_node)
-        answers = self._answers
-        if key in answers:
-            return answers[key]
-        found = answers[key] = self._earliest(pools, need, multi_node)
-        return found
-
-    def _earliest(self, pools: Sequence[Pool], need: int, multi_node: bool) -> float | None:
+    def earliest(self, pools: Sequence[Pool], need: int, multi_node: bool) -> float | None:
         best: float | None = None
         for pool in pools:
-            at = _first_at(self._levels(pool, multi_node), need)
-            if at is None and not multi_node and pool in self._cut:
-                at = _first_at(self._levels(pool, False, cut=False), need)
-            if at is not None and (best is None or at < best):
-                best = at
+            levels = self._levels(pool, multi_node)
+            for level, at in levels:
+                if level >= need:
+                    if best is None or at < best:
+                        best = at
+                    break
         return best
 
-    def _levels(self, pool: Pool, multi_node: bool, cut: bool = True) -> list[tuple[int, float]]:
-        """(level, time) each time the most free on one node (or in all) grew.
-
-        On one node the level never passes the most slices of the pool any node has, so the
-        sweep stops there (``cut``; the pool is then in ``_cut``). Only slices counted twice
-        (two running jobs on one slice) could go further: a request larger than every node
-        asks again with ``cut=False``, so the answer is the full sweep's either way."""
+    def _levels(self, pool: Pool, multi_node: bool) -> list[tuple[int, float]]:
+        """(level, time) each time the most free on one node (or in all) grew."""
         cache = self._spread if multi_node else self._single
-        if cut:
-            found = cache.get(pool)
-            if found is not None:
-                return found
+        found = cache.get(pool)
+        if found is not None:
+            return found
         counts = self._free_counts(pool)
         level = sum(counts.values()) if multi_node else max(counts.values(), default=0)
         levels = [(level, self._now)]
-        most = -1
-        if cut and not multi_node:
-            most = max(self._index.shape.pool_capacity.get(pool, {}).values(), default=-1)
-        now = self._now
-        if 0 <= most <= level:
-            self._cut.add(pool)
-        else:
-            for end, node, _, items in self._timeline.events(pool):
-                counts[node] = counts.get(node, 0) + len(items)
-                new = level + len(items) if multi_node else max(level, counts[node])
-                if new > level:
-                    level = new
-                    levels.append((level, end if end > now else now))
-                    if 0 <= most <= level:
-                        self._cut.add(pool)
-                        break
-        if self._remember and cut:
+        for end, node, _, items in self._timeline.events(pool):
+            counts[node] = counts.get(node, 0) + len(items)
+            new = level + len(items) if multi_node else max(level, counts[node])
+            if new > level:
+                level = new
+                levels.append((level, max(end, self._now)))
+        if self._remember:
             cache[pool] = levels
         return levels
 

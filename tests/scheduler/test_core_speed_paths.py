@@ -50,13 +50,3 @@ def test_the_earliest_fit_on_one_node_is_when_its_slices_come_free() -> None:
     assert estimator.earliest(pools, 1, False) == 1100.0
     assert estimator.earliest(pools, 2, False) == 1300.0
     assert estimator.earliest(pools, 3, False) is None  # more than the node has
-
-
-def test_a_slice_held_twice_gives_the_full_sweeps_answer_past_the_node_size() -> None:
-    # Bad data (two running jobs on one slice): the single-node levels stop at the node's
-    # 2 slices, and a request for 3 sweeps every end as before the levels stopped early.
-    estimator, pools = _estimator(
-        [("r1", ["n0-g0"], 1100.0), ("r2", ["n0-g1"], 1300.0), ("r3", ["n0-g0"], 1600.0)]
-    )
-    assert estimator.earliest(pools, 2, False) == 1300.0
-    assert estimator.earliest(pools, 3, False) == 1600.0
