@@ -112,7 +112,7 @@ class _PoolPlan:
                 if run_s is not None:
                     bisect.insort(changes, (start + run_s, 0, need), lo=self.next_change)
                 return start
-            # Move the clock to the next change; nothing more ever changes: never.
+            # Move the clock to the next change (with none left, they never come free).
             next_event, next_change = self.next_event, self.next_change
             if next_event < len(events):
                 event = events[next_event]

@@ -184,7 +184,11 @@ class Explainer:
                 continue
             c = entry.candidate
             if not explain:
-                bare.append(Pending(entry.job.id, BARE_REASONS[entry.code], position, entry.eta))
+                bare.append(
+                    new_pending(
+                        entry.job.id, BARE_REASONS[entry.code], position, entry.eta, None, None
+                    )
+                )
                 continue
             if c is None and not entry.eta_known:
                 # Parked jobs: the reason is all there is, alike for alike numbers (and for
@@ -265,7 +269,7 @@ class Explainer:
                 append(new_pending(entry.job.id, reason, position, eta, eta, eta))
                 continue
             held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
-            if held_back is None and eta is None and code in _HELD_BACK:
+            if eta is None and code in _HELD_BACK:
                 append(new_pending(entry.job.id, reason, position, None, None, None))
                 continue
             job = c.job
@@ -476,8 +480,8 @@ def _cumulative(releases: list[tuple[float, float, str]]) -> Releases:
 
 # The slots of ``Pending``, set through their descriptors: a frozen dataclass's ``__init__``
 # goes through ``object.__setattr__`` once per field, which costs twice as much, and a pass
-# with explanations makes one per pending job (``tests/scheduler/test_core_explain_sharing``
-# pins that this makes the same object as ``Pending(...)``).
+# makes one per pending job, explained or not (``tests/scheduler/test_core_speed_paths`` pins
+# that this makes the same object as ``Pending(...)``).
 _PENDING_SLOTS: tuple[Callable[[Pending, object], None], ...] = tuple(
     getattr(Pending, f.name).__set__ for f in dataclasses.fields(Pending)
 )
