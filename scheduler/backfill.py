@@ -17,13 +17,16 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from scheduler.cluster import FreeIndex, Placement, Pool
 from scheduler.model import Slice, SliceKind
+from scheduler.quota import Held
 
 # (end time, node number, sequence number, slices of one pool that come free then); the
 # sequence number keeps tuples comparable without ever comparing slices.
 Release = tuple[float, int, int, tuple[Slice, ...]]
+_ID = attrgetter("id")
 
 
 class Timeline:
@@ -40,6 +43,16 @@ class Timeline:
         self._events: dict[Pool, list[Release]] | None = None
         self._seq = itertools.count()
 
+    @classmethod
+    def of_held(cls, index: FreeIndex, held: Sequence[Held]) -> Timeline:
+        """The time line of the running jobs as ``quota.hold`` lists them (their latest
+        ends), without an intermediate list: a pass meets every running job."""
+        timeline = cls(index)
+        timeline._pending = [
+            (end, slices) for _, slices, _, end in held if end is not None and slices
+        ]
+        return timeline
+
     def add(self, end: float | None, slices: Sequence[Slice]) -> None:
         """Slices held until ``end`` (None: no known end, so never listed)."""
         if end is None or not slices:
@@ -47,16 +60,20 @@ class Timeline:
         if self._events is None:
             self._pending.append((end, slices))
             return
-        for pool, release in self._releases(end, slices):
+        for pool, release in self._releases(end, slices, next(self._seq)):
             bisect.insort(self._events.setdefault(pool, []), release)
 
-    def _releases(self, end: float, slices: Sequence[Slice]) -> list[tuple[Pool, Release]]:
+    def _releases(
+        self, end: float, slices: Sequence[Slice], seq: int
+    ) -> list[tuple[Pool, Release]]:
         shape = self._index.shape
         node_of, pool_of_id = shape.slice_node, shape.slice_pool
         first = slices[0].id
         pool, node = pool_of_id[first], node_of[first]
-        seq = next(self._seq)
-        if all(pool_of_id[s.id] == pool and node_of[s.id] == node for s in slices):
+        ids = list(map(_ID, slices))
+        if all(map(pool.__eq__, map(pool_of_id.__getitem__, ids))) and all(
+            map(node.__eq__, map(node_of.__getitem__, ids))
+        ):
             return [(pool, (end, node, seq, tuple(slices)))]  # the usual: one pool, one node
         groups: dict[tuple[Pool, int], list[Slice]] = {}
         for item in slices:
@@ -68,18 +85,22 @@ class Timeline:
             events: dict[Pool, list[Release]] = {}
             shape = self._index.shape
             node_of, pool_of_id = shape.slice_node, shape.slice_pool
-            for end, slices in self._pending:
+            pending = self._pending
+            # Each held entry takes the next sequence number, in the order they came.
+            first = next(self._seq)
+            for seq, (end, slices) in enumerate(pending, start=first):
                 if len(slices) == 1:  # the usual case, without the general grouping
                     only = slices[0].id
-                    release = (end, node_of[only], next(self._seq), tuple(slices))
+                    release = (end, node_of[only], seq, tuple(slices))
                     found = events.get(pool_of_id[only])
                     if found is None:
                         events[pool_of_id[only]] = [release]
                     else:
                         found.append(release)
                     continue
-                for key, grouped in self._releases(end, slices):
+                for key, grouped in self._releases(end, slices, seq):
                     events.setdefault(key, []).append(grouped)
+            self._seq = itertools.count(first + len(pending))
             for releases in events.values():
                 releases.sort()
             self._events = events

@@ -174,7 +174,7 @@ class Cycle:
         )
         self.held = held_list
         self.index = FreeIndex(self.shape, holders)
-        self.timeline = Timeline(self.index, [(end, held) for _, held, _, end in held_list])
+        self.timeline = Timeline.of_held(self.index, held_list)
         self.start_largest = {
             pool: buckets.largest() for pool, buckets in self.index.buckets.items()
         }

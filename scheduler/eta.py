@@ -58,33 +58,6 @@ class _PoolPlan:
     shadow_at: float | None = None
     spare: int = 0
 
-    def _peek(self) -> _Change | None:
-        """The next change on the time line, without taking it."""
-        event = self.events[self.next_event] if self.next_event < len(self.events) else None
-        change = self.changes[self.next_change] if self.next_change < len(self.changes) else None
-        if event is None:
-            return change
-        released = (event[0], 0, len(event[3]))
-        return released if change is None or released <= change else change
-
-    def _advance(self) -> bool:
-        """Move the clock to the next change (False: nothing more ever changes)."""
-        found = self._peek()
-        if found is None:
-            return False
-        if self.next_change < len(self.changes) and found is self.changes[self.next_change]:
-            self.next_change += 1
-        else:
-            self.next_event += 1
-        at, kind, count = found
-        self.at = max(self.at, at)
-        if kind == 1:  # the reservation starts: its slices are taken
-            self.free -= count
-            self.shadow_at = None
-        else:
-            self.free += count
-        return True
-
     def _when_free(self, need: int) -> tuple[float, int] | None:
         """When ``need`` slices are first free (and how many are then), looking ahead."""
         free, event, change = self.free, self.next_event, self.next_change
@@ -106,37 +79,66 @@ class _PoolPlan:
                 at = max(at, later_change[0])
         return at, free
 
-    def _plan_end(self, at: float, count: int, kind: int = 0) -> None:
-        bisect.insort(self.changes, (at, kind, count), lo=self.next_change)
-
     def book(self, need: int, run_s: float | None, not_before: float) -> float | None:
         """Book ``need`` slices for ``run_s`` (None: without end); its start, or None when
-        they never come free."""
+        they never come free.
+
+        One loop over the plan's changes in time order (a running job's end before a planned
+        change at the same time, and before a planned end of as many slices or more), the
+        state kept in locals: it runs for every pending job of a pass."""
+        events, changes = self.events, self.changes
+        free, at = self.free, self.at
         while True:
-            if self.free >= need:
-                start = max(self.at, not_before)
+            if free >= need:
+                start = at if at >= not_before else not_before
                 end = None if run_s is None else start + run_s
                 shadow = self.shadow_at
                 past = shadow is not None and (end is None or end > shadow)
                 if not past or need <= self.spare:
-                    self.free -= need
+                    self.free, self.at = free - need, at
                     if past:
                         self.spare -= need
                     if end is not None:
-                        self._plan_end(end, need)
+                        bisect.insort(changes, (end, 0, need), lo=self.next_change)
                     return start
             if self.shadow_at is None:
+                self.free, self.at = free, at
                 found = self._when_free(need)
                 if found is None:
                     return None
                 start = max(found[0], not_before)
                 self.shadow_at, self.spare = start, found[1] - need
-                self._plan_end(start, need, kind=1)
+                bisect.insort(changes, (start, 1, need), lo=self.next_change)
                 if run_s is not None:
-                    self._plan_end(start + run_s, need)
+                    bisect.insort(changes, (start + run_s, 0, need), lo=self.next_change)
                 return start
-            if not self._advance():
+            # Move the clock to the next change (with none left, they never come free).
+            next_event, next_change = self.next_event, self.next_change
+            if next_event < len(events):
+                event = events[next_event]
+                when = event[0]
+                change = changes[next_change] if next_change < len(changes) else None
+                if change is None or (
+                    when < change[0]
+                    or (when == change[0] and (change[1] == 1 or len(event[3]) <= change[2]))
+                ):
+                    self.next_event = next_event + 1
+                    free += len(event[3])
+                    if when > at:
+                        at = when
+                    continue
+            elif next_change >= len(changes):
+                self.free, self.at = free, at
                 return None
+            when, kind, count = changes[next_change]
+            self.next_change = next_change + 1
+            if when > at:
+                at = when
+            if kind == 1:  # the planned reservation starts: its slices are taken
+                free -= count
+                self.shadow_at = None
+            else:
+                free += count
 
 
 class QueuePlan:
@@ -163,11 +165,15 @@ class QueuePlan:
         serve one team at a time): None."""
         if not pools or pools[0][0] is SliceKind.MPS:
             return None
-        best = self._pool(pools[0])
-        for pool in pools[1:]:
-            plan = self._pool(pool)
-            if plan.free > best.free:
+        known = self._pools
+        best: _PoolPlan | None = None
+        for pool in pools:
+            plan = known.get(pool)
+            if plan is None:
+                plan = self._pool(pool)
+            if best is None or plan.free > best.free:
                 best = plan
+        assert best is not None
         return best.book(need, run_s, not_before)
 
 

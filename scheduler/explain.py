@@ -12,9 +12,10 @@ With explanations off (trace replays) the reasons are bare codes and nothing is 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from types import MappingProxyType
@@ -183,7 +184,11 @@ class Explainer:
                 continue
             c = entry.candidate
             if not explain:
-                bare.append(Pending(entry.job.id, BARE_REASONS[entry.code], position, entry.eta))
+                bare.append(
+                    new_pending(
+                        entry.job.id, BARE_REASONS[entry.code], position, entry.eta, None, None
+                    )
+                )
                 continue
             if c is None and not entry.eta_known:
                 # Parked jobs: the reason is all there is, alike for alike numbers (and for
@@ -255,18 +260,20 @@ class Explainer:
         same = lines[2] is lines[1]
         latest_plan = likely_plan if same else QueuePlan(lines[2], free_now, now)
         pending: list[Pending] = []
+        append = pending.append
+        reserved = PendingCode.RESERVED
         for position, (entry, reason, eta) in enumerate(explained, start=1):
             c = entry.candidate
             code = entry.code
-            if c is None or code in _NO_ESTIMATE or code is PendingCode.WAITING_FOR_PREEMPTION:
-                pending.append(Pending(entry.job.id, reason, position, eta, eta, eta))
+            if c is None or code in _AS_EXPLAINED:
+                append(new_pending(entry.job.id, reason, position, eta, eta, eta))
                 continue
-            if code in _HELD_BACK and eta is None:
-                pending.append(Pending(entry.job.id, reason, position, None, None, None))
+            held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
+            if eta is None and code in _HELD_BACK:
+                append(new_pending(entry.job.id, reason, position, None, None, None))
                 continue
             job = c.job
             pools, need, spread = c.pools, c.minimum, job.request.multi_node
-            held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
             not_before = now if held_back is None else held_back
             if known_history:
                 _, run_likely, run_latest = run_band(job, history)
@@ -277,7 +284,7 @@ class Explainer:
                 latest = likely
             else:
                 latest = latest_plan.book(pools, need, run_latest, not_before)
-            if code is PendingCode.RESERVED:
+            if code is reserved:
                 earliest = reserved_fit.earliest(pools, need, spread)
                 likely_fit_at = latest_fit_at = earliest
             elif known_history:
@@ -286,15 +293,22 @@ class Explainer:
                 latest_fit_at = latest_fit.earliest(pools, need, spread)
             else:  # one time line: one fit
                 earliest = likely_fit_at = latest_fit_at = early_fit.earliest(pools, need, spread)
-            if pools and pools[0][0] is SliceKind.MPS:  # (not planned: the earliest fit)
+            # (``later`` written out: this runs for every pending job)
+            if pools and pools[0][0] is MPS:  # (not planned: the earliest fit)
                 likely, latest = likely_fit_at, latest_fit_at
             else:
-                likely = later(likely, likely_fit_at)
-                latest = later(latest, latest_fit_at)
+                if likely is None or likely_fit_at is None:
+                    likely = None
+                elif likely_fit_at > likely:
+                    likely = likely_fit_at
+                if latest is None or latest_fit_at is None:
+                    latest = None
+                elif latest_fit_at > latest:
+                    latest = latest_fit_at
             if held_back is not None:
                 earliest = later(earliest, held_back)
                 likely = later(likely, held_back)
-            if code is PendingCode.RESERVED and eta is not None:
+            if code is reserved and eta is not None:
                 latest = max(eta, now)  # its slices are kept for it: it starts by then
             elif latest is not None and eta is not None and eta > latest:
                 latest = eta
@@ -302,7 +316,7 @@ class Explainer:
                 likely = latest
             if earliest is not None and likely is not None and earliest > likely:
                 earliest = likely
-            pending.append(Pending(job.id, reason, position, likely, earliest, latest))
+            append(new_pending(job.id, reason, position, likely, earliest, latest))
         return pending
 
     def _timelines(self) -> tuple[Timeline, Timeline, Timeline]:
@@ -462,6 +476,37 @@ def _cumulative(releases: list[tuple[float, float, str]]) -> Releases:
     return [end for end, _, _ in releases], list(itertools.accumulate(u for _, u, _ in releases))
 
 
+# --- one pending decision per pending job ---------------------------------------------------
+
+# The slots of ``Pending``, set through their descriptors: a frozen dataclass's ``__init__``
+# goes through ``object.__setattr__`` once per field, which costs twice as much, and a pass
+# makes one per pending job, explained or not (``tests/scheduler/test_core_speed_paths`` pins
+# that this makes the same object as ``Pending(...)``).
+_PENDING_SLOTS: tuple[Callable[[Pending, object], None], ...] = tuple(
+    getattr(Pending, f.name).__set__ for f in dataclasses.fields(Pending)
+)
+_SET_ID, _SET_REASON, _SET_POSITION, _SET_ETA, _SET_EARLIEST, _SET_LATEST = _PENDING_SLOTS
+
+
+def new_pending(
+    job_id: str,
+    reason: Reason,
+    position: int,
+    eta: float | None,
+    earliest: float | None,
+    latest: float | None,
+) -> Pending:
+    """``Pending(job_id, reason, position, eta, earliest, latest)``, made faster."""
+    made: Pending = object.__new__(Pending)
+    _SET_ID(made, job_id)
+    _SET_REASON(made, reason)
+    _SET_POSITION(made, position)
+    _SET_ETA(made, eta)
+    _SET_EARLIEST(made, earliest)
+    _SET_LATEST(made, latest)
+    return made
+
+
 # --- reasons -------------------------------------------------------------------------------
 
 # Codes with no estimate at all (the job cannot start until a person acts).
@@ -470,6 +515,8 @@ _NO_ESTIMATE = frozenset({PendingCode.BUDGET_EXHAUSTED, PendingCode.PRIORITY_NOT
 _HELD_BACK = frozenset(
     {PendingCode.QUOTA_LIMIT, PendingCode.MEMBER_LIMIT, PendingCode.ARRAY_THROTTLE}
 )
+# Codes whose band is the estimate itself (none, or the end of the victims' grace).
+_AS_EXPLAINED = _NO_ESTIMATE | {PendingCode.WAITING_FOR_PREEMPTION}
 
 # With explanations off a reason is its code alone: one immutable object per code.
 BARE_REASONS: Mapping[PendingCode, Reason] = MappingProxyType(

@@ -222,25 +222,25 @@ class FairQueue(Generic[T]):
         self._fair = fair
         self._yielded = yielded  # each entry as it is yielded, when given (a ``Journal``)
         aging = aging_per_hour / 3600.0
-        entries: list[tuple[AgeKey, str, str, float, T]] = []
-        append = entries.append
+        teams: dict[str, _TeamQueue[T]] = {}
         for job, item in items:  # (age_key inlined: this runs once per pending job)
             submitted = job.submitted_at
             queued = job.queued_since
             if queued is None:
                 queued = submitted
             boost = aging * (now - queued) if now > queued else 0.0
-            append(((queued, submitted, job.id), job.team, job.user, boost, item))
-        entries.sort(key=itemgetter(0))
-        teams: dict[str, _TeamQueue[T]] = {}
-        for key, team_name, user_name, boost, item in entries:
-            team = teams.get(team_name)
+            team = teams.get(job.team)
             if team is None:
-                team = teams[team_name] = _TeamQueue(team_name, {})
-            user = team.users.get(user_name)
+                team = teams[job.team] = _TeamQueue(job.team, {})
+            user = team.users.get(job.user)
             if user is None:
-                user = team.users[user_name] = _UserQueue(user_name, deque())
-            user.jobs.append((boost, key, item))
+                user = team.users[job.user] = _UserQueue(job.user, deque())
+            user.jobs.append((boost, (queued, submitted, job.id), item))
+        # Each user's jobs oldest first (age keys end with the job id: no two are equal).
+        by_age = itemgetter(1)
+        for team in teams.values():
+            for user in team.users.values():
+                user.jobs = deque(sorted(user.jobs, key=by_age))
         self._teams = teams
         self._heap: list[tuple[float, AgeKey, str]] = []
         for team in teams.values():
@@ -266,8 +266,12 @@ class FairQueue(Generic[T]):
         team_f, user_f = fair._team_f, fair._user_f
         heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
         yielded = self._yielded
-        while heap:
-            team = teams[heappop(heap)[2]]
+        stays: _TeamQueue[T] | None = None  # the team that is still first after its turn
+        while stays is not None or heap:
+            if stays is None:
+                team = teams[heappop(heap)[2]]
+            else:
+                team, stays = stays, None
             users = team.heap
             user = team.users[users[0][2]]
             jobs = user.jobs
@@ -291,7 +295,13 @@ class FairQueue(Generic[T]):
                 factor = team_f.get(name)
                 if factor is None:
                     factor = fair.team_factor(name)
-                heappush(heap, (-(factor + boost), key, name))
+                rank = (-(factor + boost), key, name)
+                # Still ahead of every other team (keys never tie: they end with a job's age
+                # key): its next job comes next, without a push and a pop.
+                if heap and heap[0] < rank:
+                    heappush(heap, rank)
+                else:
+                    stays = team
 
     def keep_teams(self, teams: Set[str]) -> list[T]:
         """Drop every team but ``teams`` from the queue; the items dropped.

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from operator import attrgetter
+from typing import TYPE_CHECKING, cast
 
 from scheduler.cluster import Placement
 from scheduler.model import Job, PendingCode, RunningJob, Slice, Team
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from scheduler.order import Candidate
 
 EPS = 1e-9
+_UNITS = attrgetter("units")
 Numbers = dict[str, float | str]
 # Why a job may not start now, with the numbers behind it.
 Blocked = tuple[PendingCode, Numbers]
@@ -152,6 +154,7 @@ def hold(
     team_units, user_units = ledger.team, ledger.user
     holders: dict[str, str] = {}
     held_list: list[Held] = []
+    find = slices.get
     # One tight loop: a pass meets every running job.
     for run in running:
         ids = run.slice_ids
@@ -164,9 +167,14 @@ def hold(
             units = first.units if first is not None else 0.0
             holders[ids[0]] = team
         else:
-            # (tuples, so the timeline keeps them as they are instead of copying)
-            held = tuple([slices[i] for i in ids if i in slices])
-            units = sum(item.units for item in held)
+            # (tuples, so the timeline keeps them as they are instead of copying; read with
+            # map, as a gang of 8 is common in a replay)
+            found = tuple(map(find, ids))
+            if all(found):  # (a slice is never falsy: None is what is missing)
+                held = cast(tuple[Slice, ...], found)
+            else:
+                held = tuple([item for item in found if item is not None])
+            units = sum(map(_UNITS, held))
             holders.update(dict.fromkeys(ids, team))
         team_units[team] = team_units.get(team, 0.0) + units
         user = (team, job.user)
