@@ -97,10 +97,8 @@ class _PoolPlan:
         self.waiting: dict[tuple[int, bool], deque[_Waiting]] = {}
         self.starts = starts
 
-    def _set(self, node: int, count: int) -> None:
-        old = self.free.get(node, 0)
-        if old == count:
-            return
+    def _set(self, node: int, old: int, count: int) -> None:
+        """Node ``node`` goes from ``old`` free slices to ``count``."""
         levels = self.levels
         if old > 0:
             levels[old].discard(node)
@@ -114,63 +112,70 @@ class _PoolPlan:
                 self.top = count
         self.free[node] = count
         self.total += count - old
-        while self.top > 0 and not levels.get(self.top):
-            self.top -= 1
-
-    def _blocked(self, need: int, end: float | None) -> tuple[int | None, bool]:
-        """The node a job of ``need`` slices ending at ``end`` may not use, and whether it
-        may start at all, so as not to delay the reservation."""
-        r = self.reserved
-        if r is None or (end is not None and end <= r.start) or need <= r.spare:
-            return None, True
-        if r.node is None:  # a spread reservation counts the pool's slices
-            return None, False
-        return r.node, True
+        if count < old == self.top and not levels[old]:  # the top level emptied
+            top = old - 1
+            while top > 0 and not levels.get(top):
+                top -= 1
+            self.top = top
 
     def _place(self, need: int, spread: bool, run_s: float | None, not_before: float) -> bool:
-        """Start a job at the plan's clock if it fits there (best fit: the node with the fewest
-        free slices that holds it; spread: the nodes with the most free first)."""
+        """Start a job at the plan's clock if it fits there without delaying the reservation
+        (best fit: the node with the fewest free slices that holds it; spread: the nodes
+        with the most free first). It runs for every pending job of a pass: a request
+        larger than what is free is turned away first."""
+        if need > (self.total if spread else self.top):
+            return False
         at = self.at
         start = at if at >= not_before else not_before
         end = None if run_s is None else start + run_s
-        blocked, allowed = self._blocked(need, end)
-        if not allowed:
-            return False
+        # The node it may not use, so as not to delay the reservation (a spread reservation
+        # counts the pool's slices: it may not start at all).
+        r = self.reserved
+        blocked: int | None = None
+        if r is not None and (end is None or end > r.start):
+            if need > r.spare:
+                if r.node is None:
+                    return False
+                blocked = r.node
+        else:
+            r = None  # it ends before the reservation starts: no matter to it
         levels, free = self.levels, self.free
-        taken: list[tuple[int, int]] = []
         if not spread:
             for level in range(need, self.top + 1):
                 nodes = levels.get(level)
                 if nodes:
                     for node in nodes:
                         if node != blocked:
-                            taken.append((node, need))
                             break
-                    if taken:
-                        break
-            if not taken:
-                return False
-        else:
-            usable = self.total - (free.get(blocked, 0) if blocked is not None else 0)
-            if usable < need:
-                return False
-            left = need
-            for level in range(self.top, 0, -1):
-                for node in levels.get(level, ()):
-                    if node != blocked and left:
-                        count = min(level, left)
-                        taken.append((node, count))
-                        left -= count
-                if not left:
-                    break
-        r = self.reserved
+                    else:
+                        continue
+                    self._set(node, level, level - need)
+                    if r is not None and (node == r.node or r.node is None):
+                        r.spare -= need
+                    if end is not None:
+                        bisect.insort(self.ends, (end, node, need), lo=self.next_end)
+                    return True
+            return False
+        usable = self.total - (free.get(blocked, 0) if blocked is not None else 0)
+        if usable < need:
+            return False
+        taken: list[tuple[int, int]] = []
+        left = need
+        for level in range(self.top, 0, -1):
+            for node in levels.get(level, ()):
+                if node != blocked and left:
+                    count = min(level, left)
+                    taken.append((node, count))
+                    left -= count
+            if not left:
+                break
         for node, count in taken:
-            self._set(node, free[node] - count)
-            if r is not None and node == r.node and (end is None or end > r.start):
+            self._set(node, free[node], free[node] - count)
+            if r is not None and node == r.node:
                 r.spare -= count
             if end is not None:
                 bisect.insort(self.ends, (end, node, count), lo=self.next_end)
-        if r is not None and r.node is None and (end is None or end > r.start):
+        if r is not None and r.node is None:
             r.spare -= need
         return True
 
@@ -239,31 +244,51 @@ class _PoolPlan:
         that fit start in queue order, and the first that does not fit is the next
         reservation (as each pass of the scheduler would do then)."""
         waiting = self.waiting
+        # The requests waiting, in the queue order of their first jobs (a request's jobs
+        # wait in queue order, so only its first one is tried).
+        order = sorted((queue[0][0], key) for key, queue in waiting.items() if queue)
+        order_version, needs_at = 0, -1
+        single = spread = None
         while True:
             r = self.reserved
             if r is not None and r.start <= self.at:
                 self._apply(self.at)  # (ends already past count first)
                 self._take(r)
-            heads = sorted((queue[0][0], key) for key, queue in waiting.items() if queue)
-            if not heads and self.reserved is None:
+            if not order and self.reserved is None:
                 return
-            placed = False
-            for _, key in heads:
-                handle, run_s, not_before = waiting[key][0]
-                if self._place(key[0], key[1], run_s, not_before):
-                    waiting[key].popleft()
+            placed = -1
+            top, total = self.top, self.total
+            for i, (handle, key) in enumerate(order):
+                need = key[0]
+                if need > (total if key[1] else top):
+                    continue
+                _, run_s, not_before = waiting[key][0]
+                if self._place(need, key[1], run_s, not_before):
                     at = self.at
                     self.starts[handle] = at if at >= not_before else not_before
-                    placed = True
+                    placed = i
                     break
-            if placed:
-                continue
-            if self.reserved is None and heads:
-                key = heads[0][1]
-                handle, run_s, not_before = waiting[key].popleft()
+            if placed < 0 and self.reserved is None and order:
+                placed = 0
+                handle, key = order[0]
+                _, run_s, not_before = waiting[key][0]
                 self._reserve(handle, key[0], key[1], run_s, not_before)
+            if placed >= 0:
+                handle, key = order.pop(placed)
+                queue = waiting[key]
+                queue.popleft()
+                if queue:
+                    bisect.insort(order, (queue[0][0], key))
+                else:
+                    order_version += 1
                 continue
-            if not self._advance():
+            # Nothing more starts now: move on to the next change that could let a waiting
+            # request fit (or the reservation start).
+            if needs_at != order_version:  # (the requests waiting changed)
+                single = min((key[0] for _, key in order if not key[1]), default=None)
+                spread = min((key[0] for _, key in order if key[1]), default=None)
+                needs_at = order_version
+            if not self._advance(single, spread):
                 for queue in waiting.values():
                     for handle, _, _ in queue:
                         self.starts[handle] = None
@@ -285,28 +310,39 @@ class _PoolPlan:
                         taken.append((node, count))
                         left -= count
         for node, count in taken:
-            self._set(node, free.get(node, 0) - count)
+            have = free.get(node, 0)
+            self._set(node, have, have - count)
             if end is not None:
                 bisect.insort(self.ends, (end, node, count), lo=self.next_end)
 
-    def _advance(self) -> bool:
-        """Move the clock to the next moment something changes and apply every change then."""
+    def _advance(self, single: int | None, spread: int | None) -> bool:
+        """Move the clock on, change time by change time, applying every change then, at least
+        once and until a node has ``single`` slices free, the pool ``spread``, or the
+        reservation's time comes; False when nothing is left to change."""
         events, ends = self.events, self.ends
-        candidates = []
-        if self.next_event < len(events):
-            candidates.append(events[self.next_event][0])
-        if self.next_end < len(ends):
-            candidates.append(ends[self.next_end][0])
         r = self.reserved
-        if r is not None and r.start > self.at:
-            candidates.append(r.start)
-        if not candidates:
-            return False
-        when = min(candidates)
-        if when > self.at:
-            self.at = when
-        self._apply(when)
-        return True
+        reserved_at = r.start if r is not None and r.start > self.at else None
+        single_need = single if single is not None else 1 << 30
+        spread_need = spread if spread is not None else 1 << 30
+        while True:
+            when = events[self.next_event][0] if self.next_event < len(events) else None
+            if self.next_end < len(ends):
+                end_at = ends[self.next_end][0]
+                if when is None or end_at < when:
+                    when = end_at
+            if reserved_at is not None and (when is None or reserved_at <= when):
+                when = reserved_at
+            if when is None:
+                return False
+            if when > self.at:
+                self.at = when
+            self._apply(when)
+            if (
+                self.top >= single_need
+                or self.total >= spread_need
+                or (reserved_at is not None and when >= reserved_at)
+            ):
+                return True
 
     def _apply(self, when: float) -> None:
         """Give back the slices of every end up to ``when``."""
@@ -314,11 +350,13 @@ class _PoolPlan:
         while self.next_event < len(events) and events[self.next_event][0] <= when:
             _, node, _, items = events[self.next_event]
             self.next_event += 1
-            self._set(node, free.get(node, 0) + len(items))
+            have = free.get(node, 0)
+            self._set(node, have, have + len(items))
         while self.next_end < len(ends) and ends[self.next_end][0] <= when:
             _, node, count = ends[self.next_end]
             self.next_end += 1
-            self._set(node, free.get(node, 0) + count)
+            have = free.get(node, 0)
+            self._set(node, have, have + count)
 
 
 class QueuePlan:
