@@ -25,6 +25,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.sim.cluster import ClusterSpec, build_nodes
 from scheduler.sim.engine import Estimate, replay, user_limit
 from scheduler.sim.metrics import eta_calibration
+from scheduler.sim.trace import TraceJob
 
 TRACE = [
     job("H", 2, 0.0, 1000.0),
@@ -34,11 +35,12 @@ TRACE = [
 ]
 
 
-def _replay(hidden: bool):  # noqa: ANN202 - SimResult
+def _replay(hidden: bool, trace: list[TraceJob] = TRACE, gpus: int = 2):  # noqa: ANN202 - SimResult
+    """Replay ``trace`` on nodes of 2 GPUs, one team guaranteed all of them."""
     return replay(
-        TRACE,
-        nodes=build_nodes(ClusterSpec(2, gpus_per_node=2)),
-        teams={"a": team("a", 2)},
+        trace,
+        nodes=build_nodes(ClusterSpec(gpus, gpus_per_node=2)),
+        teams={"a": team("a", gpus)},
         config=SchedulerConfig(explain=False),
         schedule=schedule,
         hide_durations=hidden,
@@ -127,14 +129,7 @@ FRAGMENTED = [
 
 
 def test_a_single_gpu_is_planned_in_the_hole_a_gang_cannot_use() -> None:
-    result = replay(
-        FRAGMENTED,
-        nodes=build_nodes(ClusterSpec(4, gpus_per_node=2)),
-        teams={"a": team("a", 4)},
-        config=SchedulerConfig(explain=False),
-        schedule=schedule,
-        record_etas=True,
-    )
+    result = _replay(hidden=False, trace=FRAGMENTED, gpus=4)
     starts = _starts(result)
     assert (starts["G"], starts["S"]) == (3000.0, 1000.0)
     assert result.etas["G"].likely_s == 3000.0
