@@ -3,10 +3,22 @@
 ``Explainer`` (``scheduler.explain``) first finds, for each pending job, the earliest time its
 request fits and what else holds it back (its team's quota, its array's throttle, the job it
 waits behind), from the running jobs' time limits. That ignores the jobs ahead of it in the
-queue, which will take the capacity first. ``QueuePlan`` adds them: it walks the pending jobs
-in their order (position 1 first) and books each one, per pool, at the first moment enough
-slices have come free, for as long as it is expected to run; a job's start is that moment,
-and never before what else holds it back.
+queue, which will take the capacity first. ``QueuePlan`` adds them, node by node, the way the
+passes to come would, in the spirit of EASY backfill:
+
+1. every pending job is booked in queue order (position 1 first) onto the free slices of each
+   node: a job that fits on one node (best fit; a spread gang: on the nodes with the most
+   free) starts now unless it would delay the plan's reservation; the first that does not
+   fit becomes the reservation, on the node that first has room for it, at that time; the
+   others wait in the plan, without holding back the jobs behind them;
+2. ``finish`` then moves the plan's clock on, change by change (running jobs' ends, planned
+   jobs' ends, the reservation's start): at each moment the waiting jobs that fit start in
+   queue order and the first one that does not is the next reservation.
+
+A job's start is when the plan starts it, and never before what else holds it back. A job
+running past the reservation may take the reservation node's slices only beyond what the
+reservation needs there (other nodes are no matter to it), so a gang that needs a whole node
+is not booked onto slices scattered over several, and single GPUs run in the holes it leaves.
 
 Two plans run side by side:
 
@@ -22,9 +34,11 @@ the jobs ahead left it room (never after ``likely``), ``likely`` = the likely pl
 no known end ahead of it has ``None`` where the plan meets it: unknown only when nothing at
 all is known.
 
-The plan counts slices per pool, not per node, so it is optimistic for a single-node gang in a
-fragmented cluster; the node-aware earliest fit bounds it from below. An estimate, never a
-decision: nothing here changes what the pass does.
+The plan knows nothing of quotas and fair share to come (a job held back by its quota or
+array starts no earlier than that allows, from the limits) and keeps one reservation per pool:
+where the pass keeps more (``max_reservations`` above 1, or jobs past ``max_wait_s``), it is
+optimistic for the jobs behind them. An estimate, never a decision: nothing here
+changes what the pass does.
 """
 
 from __future__ import annotations
