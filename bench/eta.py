@@ -10,7 +10,9 @@ the jobs that waited at least 10 minutes, |actual start - estimate| / actual wai
 the worst wait of the jobs that reached it against the stated bound
 (``scheduler.sim.metrics.starvation``, docs/scheduling.md#starvation).
 
-``python -m bench.eta [--trace PATH] [--gpus 256] [--limit-jobs 2000] [--json OUT]``.
+``python -m bench.eta [--trace PATH] [--quotas PATH] [--gpus 256] [--limit-jobs 2000]
+[--json OUT]``; the own traces: ``--trace tests/fixtures/trace_big_gangs.csv --quotas
+tests/fixtures/trace_big_gangs_quotas.csv --gpus 64``.
 """
 
 from __future__ import annotations
@@ -40,9 +42,14 @@ DEFAULT_GPUS = 256  # (the slice is light on 512 GPUs: few jobs wait 10 minutes)
 MEDIAN_TARGET = 0.25  # median ETA error with durations hidden
 
 
-def _scenario(trace: Path, gpus: int, limit_jobs: int | None) -> Scenario:
+def _scenario(
+    trace: Path, gpus: int, limit_jobs: int | None, quota_file: Path | None = None
+) -> Scenario:
+    """The replay of ``trace``; team quotas from ``quota_file``, else the trace's folder's
+    ``vc_quota_nodes.csv`` (Philly's) when there is one."""
     jobs = tuple(load_trace(trace, limit=limit_jobs))
-    quota_file = trace.parent / "vc_quota_nodes.csv"
+    if quota_file is None:
+        quota_file = trace.parent / "vc_quota_nodes.csv"
     quotas = load_quotas(quota_file) if quota_file.exists() else None
     teams = build_teams((job.tenant for job in jobs), quotas, gpus)
     return Scenario(jobs=jobs, cluster=ClusterSpec(gpus), teams=teams, trace_name=str(trace))
@@ -53,9 +60,11 @@ def calibration(
     *,
     gpus: int = DEFAULT_GPUS,
     limit_jobs: int | None = DEFAULT_LIMIT_JOBS,
+    quotas: str | Path | None = None,
 ) -> dict[str, Any]:
     """The ETA error of the portal's policy with durations shown and hidden."""
-    scenario = replace(_scenario(Path(trace), gpus, limit_jobs), record_etas=True)
+    quota_file = Path(quotas) if quotas is not None else None
+    scenario = replace(_scenario(Path(trace), gpus, limit_jobs, quota_file), record_etas=True)
     out: dict[str, Any] = {"trace": str(trace), "gpus": gpus, "limit_jobs": limit_jobs}
     config = scenario.base_config
     for mode, hidden in (("shown", False), ("hidden", True)):
@@ -164,9 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS)
     parser.add_argument("--limit-jobs", type=int, default=DEFAULT_LIMIT_JOBS)
+    parser.add_argument(
+        "--quotas", type=Path, help="team quotas (vc,node num); default: the trace's folder's"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    result = calibration(args.trace, gpus=args.gpus, limit_jobs=args.limit_jobs)
+    result = calibration(args.trace, gpus=args.gpus, limit_jobs=args.limit_jobs, quotas=args.quotas)
     print(render_calibration(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

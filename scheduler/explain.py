@@ -237,14 +237,12 @@ class Explainer:
         now = self._now
         history = self._run_times
         lines = self._timelines()
-        free_now = dict(self._index.pool_free_total)
         pool_of = self._index.shape.slice_pool
         node_of = self._index.shape.slice_node
         set_aside: dict[tuple[Pool, int], int] = {}
         for reservation in self._reservations:
             for item in reservation.set_aside:  # free, kept for the job that reserved them
                 pool = pool_of[item.id]
-                free_now[pool] = free_now.get(pool, 0) + 1
                 key = (pool, node_of[item.id])
                 set_aside[key] = set_aside.get(key, 0) + 1
         remember = Cache.ESTIMATES in self._caches
@@ -256,34 +254,54 @@ class Explainer:
         # A job holding a reservation may count the slices set aside for it as free.
         reserved_fit = Estimator(self._index, lines[0], now, remember=remember, set_aside=set_aside)
         known_history = lines[0] is not self._timeline
-        likely_plan = QueuePlan(lines[1], free_now, now)
+        likely_plan = QueuePlan(lines[1], self._index, set_aside, now)
         same = lines[2] is lines[1]
-        latest_plan = likely_plan if same else QueuePlan(lines[2], free_now, now)
+        latest_plan = likely_plan if same else QueuePlan(lines[2], self._index, set_aside, now)
+        # 1. Book every planned job in queue order (a job waiting for room gets its start
+        # only when the plans finish); 2. each job's band.
+        booked: list[tuple[int, int] | None] = []
+        book = booked.append
+        for entry, _, eta in explained:
+            c = entry.candidate
+            code = entry.code
+            if c is None or code in _AS_EXPLAINED or (eta is None and code in _HELD_BACK):
+                book(None)
+                continue
+            job = c.job
+            # quota, array: held back until ``eta`` (from the limits)
+            not_before = eta if code in _HELD_BACK and eta is not None else now
+            if known_history:
+                _, run_likely, run_latest = run_band(job, history)
+            else:
+                run_likely = run_latest = job.time_limit_s
+            spread = job.request.multi_node
+            likely_at = likely_plan.book(c.pools, c.minimum, spread, run_likely, not_before)
+            if same and run_latest == run_likely:
+                book((likely_at, -1))
+            else:
+                latest_at = latest_plan.book(c.pools, c.minimum, spread, run_latest, not_before)
+                book((likely_at, latest_at))
+        likely_starts = likely_plan.finish()
+        latest_starts = likely_starts if same else latest_plan.finish()
         pending: list[Pending] = []
         append = pending.append
         reserved = PendingCode.RESERVED
-        for position, (entry, reason, eta) in enumerate(explained, start=1):
+        for position, ((entry, reason, eta), handles) in enumerate(
+            zip(explained, booked, strict=True), start=1
+        ):
             c = entry.candidate
             code = entry.code
             if c is None or code in _AS_EXPLAINED:
                 append(new_pending(entry.job.id, reason, position, eta, eta, eta))
                 continue
             held_back = eta if code in _HELD_BACK else None  # quota, array: from the limits
-            if eta is None and code in _HELD_BACK:
+            if handles is None:
                 append(new_pending(entry.job.id, reason, position, None, None, None))
                 continue
             job = c.job
             pools, need, spread = c.pools, c.minimum, job.request.multi_node
-            not_before = now if held_back is None else held_back
-            if known_history:
-                _, run_likely, run_latest = run_band(job, history)
-            else:
-                run_likely = run_latest = job.time_limit_s
-            likely = likely_plan.book(pools, need, run_likely, not_before)
-            if same and run_latest == run_likely:
-                latest = likely
-            else:
-                latest = latest_plan.book(pools, need, run_latest, not_before)
+            likely = likely_starts[handles[0]]
+            latest = likely if handles[1] < 0 else latest_starts[handles[1]]
             if code is reserved:
                 earliest = reserved_fit.earliest(pools, need, spread)
                 likely_fit_at = latest_fit_at = earliest

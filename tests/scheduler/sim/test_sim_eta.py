@@ -25,6 +25,7 @@ from scheduler.config import SchedulerConfig
 from scheduler.sim.cluster import ClusterSpec, build_nodes
 from scheduler.sim.engine import Estimate, replay, user_limit
 from scheduler.sim.metrics import eta_calibration
+from scheduler.sim.trace import TraceJob
 
 TRACE = [
     job("H", 2, 0.0, 1000.0),
@@ -34,11 +35,12 @@ TRACE = [
 ]
 
 
-def _replay(hidden: bool):  # noqa: ANN202 - SimResult
+def _replay(hidden: bool, trace: list[TraceJob] = TRACE, gpus: int = 2):  # noqa: ANN202 - SimResult
+    """Replay ``trace`` on nodes of 2 GPUs, one team guaranteed all of them."""
     return replay(
-        TRACE,
-        nodes=build_nodes(ClusterSpec(2, gpus_per_node=2)),
-        teams={"a": team("a", 2)},
+        trace,
+        nodes=build_nodes(ClusterSpec(gpus, gpus_per_node=2)),
+        teams={"a": team("a", gpus)},
         config=SchedulerConfig(explain=False),
         schedule=schedule,
         hide_durations=hidden,
@@ -105,3 +107,32 @@ def test_user_style_limits_round_up_to_the_next_step() -> None:
         7 * 86400.0,
     ]
     assert user_limit(8 * 86400.0) == 14 * 86400.0  # beyond a week: whole weeks
+
+
+# A gang and single GPUs on two nodes of 2 GPUs (durations shown). Four single GPUs start at
+# 0, two per node: P1 (1000 s) and P2 (3000 s) on node 0, Q1 (2000 s) and Q2 (4000 s) on node 1.
+# G (a 2-GPU gang, 500 s) arrives at 10 and S (1 GPU, 1500 s) at 20. Node 0 has 2 GPUs free
+# first at 3000 (P1 and P2 ended): G is reserved there. S fits on node 0 at 1000, when P1 ends,
+# and ends at 2500, before the reservation: it starts at 1000, G at 3000.
+#
+# Counted per pool, the two GPUs free at 2000 (node 0's since 1000, node 1's from Q1) would
+# hold G then, and S, which runs past 2000, would be booked after G's end: 2500, an error of
+# 1500 / 980. Counted per node, both estimates are exact.
+FRAGMENTED = [
+    job("P1", 1, 0.0, 1000.0),
+    job("P2", 1, 0.0, 3000.0),
+    job("Q1", 1, 0.0, 2000.0),
+    job("Q2", 1, 0.0, 4000.0),
+    job("G", 2, 10.0, 500.0),
+    job("S", 1, 20.0, 1500.0),
+]
+
+
+def test_a_single_gpu_is_planned_in_the_hole_a_gang_cannot_use() -> None:
+    result = _replay(hidden=False, trace=FRAGMENTED, gpus=4)
+    starts = _starts(result)
+    assert (starts["G"], starts["S"]) == (3000.0, 1000.0)
+    assert result.etas["G"].likely_s == 3000.0
+    assert result.etas["S"].likely_s == 1000.0
+    calibration = eta_calibration(result.records, result.etas)
+    assert (calibration.jobs, calibration.median_error, calibration.p90_error) == (2, 0.0, 0.0)
