@@ -137,11 +137,7 @@ def reserve(
     multi_node: bool,
 ) -> Reservation:
     """The reservation of a blocked job; its set-aside slices are removed from ``index``."""
-    best: tuple[float, int, Pool, list[Slice]] | None = None  # (at, node, pool, released)
-    for pool in pools:
-        found = _earliest(index, timeline, pool, team, need, multi_node)
-        if found is not None and (best is None or found[:2] < best[:2]):
-            best = (found[0], found[1], pool, found[2])
+    best = _first_fit(index, timeline, pools, team, need, multi_node)
     if best is not None:
         at, node, pool, released = best
         placement = _top_up(index, pool, team, node, need - len(released), multi_node)
@@ -160,12 +156,26 @@ def earliest_fit(
 ) -> float | None:
     """When ``need`` slices of one of ``pools`` first fit (on one node unless ``multi_node``)
     as the running jobs reach their time limits; None when no known end makes room."""
-    times = [
-        found[0]
-        for pool in pools
-        if (found := _earliest(index, timeline, pool, team, need, multi_node)) is not None
-    ]
-    return min(times, default=None)
+    best = _first_fit(index, timeline, pools, team, need, multi_node)
+    return None if best is None else best[0]
+
+
+def _first_fit(
+    index: FreeIndex,
+    timeline: Timeline,
+    pools: Sequence[Pool],
+    team: str,
+    need: int,
+    multi_node: bool,
+) -> tuple[float, int, Pool, list[Slice]] | None:
+    """Over ``pools``, the earliest fit (then the lowest node): (at, node, pool, the slices
+    released by then); None when no known end makes room."""
+    best: tuple[float, int, Pool, list[Slice]] | None = None
+    for pool in pools:
+        found = _earliest(index, timeline, pool, team, need, multi_node)
+        if found is not None and (best is None or found[:2] < best[:2]):
+            best = (found[0], found[1], pool, found[2])
+    return best
 
 
 def _earliest(
