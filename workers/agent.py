@@ -405,17 +405,13 @@ class Agent:
         except Exception as error:  # any broker failure: the outbox keeps it for a resend
             log.warning("could not send %s (kept for a resend): %s", message.TYPE, error)
             return False
-        sent: tuple[Message, ...] = (message,)
-        if isinstance(message, Reports):
-            sent = message.reports
-        now = time.monotonic()
-        with self._send_lock:
-            for item in sent:
-                if isinstance(item, (Heartbeat, Metrics)):
-                    continue
-                rid = report_id(item)  # type: ignore[arg-type]
-                _, times = self._last_sent.get(rid, (0.0, 0))
-                self._last_sent[rid] = (now, times + 1)
+        if isinstance(message, Reports):  # heartbeats and metrics are never re-sent
+            now = time.monotonic()
+            with self._send_lock:
+                for report in message.reports:
+                    rid = report_id(report)
+                    _, times = self._last_sent.get(rid, (0.0, 0))
+                    self._last_sent[rid] = (now, times + 1)
         return True
 
     def resend_due(self, rid: tuple[str, int, int, int], now: float) -> bool:
