@@ -164,12 +164,16 @@ class Team:
 
 @dataclass(frozen=True, slots=True)
 class RunTime:
-    """How long past jobs of one shape ran (seconds): count, 10th, 50th, 90th percentile."""
+    """How long past jobs of one shape ran (seconds): count, 10th, 50th, 90th percentile,
+    and the distribution as ``quantiles`` (equally spaced levels from 0 to 1, so a running
+    job's remaining time can be estimated from what it has run; ``scheduler.runtimes``).
+    Empty ``quantiles``: the three percentiles are all that is known."""
 
     samples: int
     p10_s: float
     median_s: float
     p90_s: float
+    quantiles: tuple[float, ...] = ()
 
 
 def _empty_run_times() -> Mapping[str, RunTime]:

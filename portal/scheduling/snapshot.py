@@ -398,7 +398,7 @@ def _load_run_times(at: float, team_names: Mapping[int, str]) -> RunTimes:
             time_limit_s=float(limit) if limit else None,
         )
         finished.append((shape, max(0.0, ended - started)))
-    return run_times_from(finished)
+    return run_times_from(finished, newest_first=True)
 
 
 def _load_dependencies() -> tuple[dict[int, tuple[Dependency, ...]], dict[str, DependencyState]]:

@@ -50,7 +50,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.order import queued_at
-from scheduler.runtimes import run_time_of, shape_of_job, team_key, user_key
+from scheduler.runtimes import RECENT_RUNS, run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
 from scheduler.sim.records import JobRecord, Segment
 from scheduler.sim.trace import TraceJob
@@ -571,8 +571,8 @@ class Replay:
         )
 
 
-# Run times kept per key (the most recent): the portal's history query is bounded too.
-HISTORY_PER_KEY = 200
+# Run times kept per key (the most recent, as ``scheduler.runtimes`` summarises them).
+HISTORY_PER_KEY = RECENT_RUNS
 
 
 class _History:

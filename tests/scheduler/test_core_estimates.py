@@ -13,6 +13,9 @@ from sched_builders import decide, job, running, snapshot, whole_node
 
 from scheduler import Job, RunTime, RunTimes, Snapshot
 from scheduler.runtimes import (
+    QUANTILE_STEPS,
+    RECENT_RUNS,
+    history_of,
     percentile,
     run_time_of,
     run_times_from,
@@ -104,6 +107,45 @@ def test_a_job_past_its_likely_end_is_expected_halfway_to_its_latest() -> None:
     assert _band(snap) == (1000.0, 2000.0, 3000.0)
 
 
+@pytest.mark.parametrize(
+    ("started", "limit", "band"),
+    [
+        # Past runs 0, 1000, ..., 4000 s: a run of t s is longer than t / 4000 of them.
+        # r has run 0 s: the 10th, 50th, 90th percentile of all runs.
+        (1000.0, None, (1400.0, 3000.0, 4600.0)),
+        # r has run 1000 s (longer than 1/4): it is one of the runs longer than 1000 s, the
+        # 10th/50th/90th percentile of those are at 0.325, 0.625, 0.925 of all: 1300, 2500,
+        # 3700 s (the median of all runs alone would say 2000).
+        (0.0, None, (1300.0, 2500.0, 3700.0)),
+        # r has run 2000 s (longer than half): 0.55, 0.75, 0.95 of all; started at -1000.
+        (-1000.0, None, (1200.0, 2000.0, 2800.0)),
+        # ... with a 2500 s limit: every point capped by it, the latest is the limit.
+        (-1000.0, 2500.0, (1200.0, 1500.0, 1500.0)),
+        # r has run 4500 s, past every past run: likely halfway between now and its limit.
+        (-3500.0, 6000.0, (1000.0, 1750.0, 2500.0)),
+    ],
+)
+def test_a_running_jobs_end_is_estimated_from_the_past_runs_as_long_as_it_has_run(
+    started: float, limit: float | None, band: tuple[float, float, float]
+) -> None:
+    held = job("r", "b", user="x", limit=limit)
+    past = [(job(f"h{i}", "b", user="x", limit=limit), i * 1000.0) for i in range(5)]
+    snap = _one_gpu_held_by(held, started=started, run_times=run_times_from(past))
+    assert _band(snap) == pytest.approx(band)
+
+
+def test_history_keeps_the_most_recent_runs_of_each_key() -> None:
+    # 2 * RECENT_RUNS runs of 100 s, then RECENT_RUNS of 500 s: only the last count.
+    alike = job("h", "b", user="x")
+    runs = [100.0] * (2 * RECENT_RUNS) + [500.0] * RECENT_RUNS
+    oldest_first = run_times_from([(alike, ran) for ran in runs])
+    newest_first = run_times_from([(alike, ran) for ran in reversed(runs)], newest_first=True)
+    for history in (oldest_first, newest_first):
+        past = history_of(history, alike)
+        assert past is not None
+        assert (past.samples, past.p10_s, past.p90_s) == (RECENT_RUNS, 500.0, 500.0)
+
+
 def test_the_queue_ahead_is_booked_for_its_likely_run_times() -> None:
     # One GPU, free at 2000 (r's limit). "first" runs 1 h by its limit, 10 min by history;
     # "second" waits behind it: likely 2000 + 600, latest 2000 + 3600.
@@ -139,6 +181,8 @@ def test_history_changes_no_decision() -> None:
 def test_run_time_summaries_are_linear_percentiles() -> None:
     assert percentile([0.0, 10.0], 0.9) == 9.0
     assert run_time_of([]) is None
-    assert run_time_of([30.0, 10.0, 20.0]) == RunTime(3, 12.0, 20.0, 28.0)
+    three = run_time_of([30.0, 10.0, 20.0])
+    steps = tuple(10.0 + i for i in range(QUANTILE_STEPS + 1))  # 10, 11, ..., 30
+    assert three == RunTime(3, 12.0, 20.0, 28.0, steps)
     assert shape_of_job(job("j", count=4, model="A100", limit=3600.0)) == "whole:4::A100:3600"
     assert shape_of_job(job("j")) == "whole:1:::-"
