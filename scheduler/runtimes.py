@@ -69,14 +69,10 @@ def run_time_of(durations: Iterable[float]) -> RunTime | None:
     )
 
 
-def quantile_of(quantiles: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) from a summary's equally spaced ``quantiles``."""
-    return percentile(quantiles, q)
-
-
 def share_within(quantiles: Sequence[float], run_s: float) -> float:
     """The share (0..1) of past runs that ended within ``run_s``, from a summary's equally
-    spaced ``quantiles`` (linear between them; 1 at or past the longest)."""
+    spaced ``quantiles`` (linear between them, the inverse of ``percentile`` on them; 1 at
+    or past the longest)."""
     last = len(quantiles) - 1
     if run_s >= quantiles[last]:
         return 1.0
@@ -214,6 +210,6 @@ def _end_given_run(
         return (now, None if limit_end is None else (now + limit_end) / 2, limit_end)
     low, mid, high = (
         max(now, started_at + (run if limit is None else min(run, limit)))
-        for run in (quantile_of(quantiles, ran + (1.0 - ran) * q) for q in (0.1, 0.5, 0.9))
+        for run in (percentile(quantiles, ran + (1.0 - ran) * q) for q in (0.1, 0.5, 0.9))
     )
     return (low, mid, limit_end if limit_end is not None else high)
