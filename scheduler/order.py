@@ -550,14 +550,16 @@ class FairShareRules:
 
     def _journal_starving(self, cycle: Cycle, journal: Journal) -> Callable[[Candidate], None]:
         """Records the jobs past the maximum wait in the journal as they are yielded, as a
-        fair queue records its own (each in its class, outside the first round, with the
-        age boost it has), so the standing's report has their parts too."""
+        fair queue records its own (each in its class, in the first round when its round is
+        the starving jobs within their guarantees, with the age boost it has), so the
+        standing's report has their parts too."""
         aging = self._config.aging_per_hour / 3600.0
         now = cycle.now
+        within = cycle.first_round
 
         def record(c: Candidate) -> None:
             queued = queued_at(c.job)
-            journal.rounds.append((len(journal.yielded), c.rank, False))
+            journal.rounds.append((len(journal.yielded), c.rank, within))
             boost = aging * (now - queued) if now > queued else 0.0
             journal.yielded.append((boost, age_key(c.job), c))
 

@@ -110,6 +110,16 @@ def test_a_starving_job_that_borrows_goes_after_work_within_a_guarantee() -> Non
     assert placed(by_class) == {"old": ("n0-g0",)}
 
 
+def test_the_fair_share_report_says_which_starving_jobs_are_within_their_guarantee() -> None:
+    pending = [job("old", "b", at=0.0), job("a-old", "a", at=1.0)]
+    snap = snapshot([whole_node("n0", gpus=1)], pending, teams=GUARANTEED)
+    decisions = decide(snap, now=WEEK + 10.0, explain=True)
+    assert placed(decisions) == {"a-old": ("n0-g0",)}  # within its guarantee: first of all
+    priorities = decisions.standing.priorities()
+    assert priorities["a-old"].within_guarantee
+    assert not priorities["old"].within_guarantee
+
+
 def test_reclaim_takes_back_a_job_that_started_past_the_maximum_wait_and_keeps_its_room() -> None:
     # "s" (team b) started after waiting a week and borrows the only GPU; a1 is within team
     # a's guarantee. Pass 1: a1 reclaims s (it was no victim at all before).
