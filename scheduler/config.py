@@ -93,10 +93,12 @@ class SchedulerConfig:
     # greedier).
     max_reservations: int = 1
     # The bound on any job's wait: a job queued this long (seconds since ``queued_since``)
-    # is *starving*; starving jobs go before every class and round, oldest first, and each
-    # that does not fit gets a reservation of its own (beyond ``max_reservations``, whether
-    # or not ``backfill`` is on), so it starts at the latest when the jobs on its reserved
-    # slices reach their time limits (docs/scheduling.md#starvation). None: no such bound.
+    # is *starving*; starving jobs go before every class and round (one that would borrow
+    # after the work within guarantees, unless ``preempt_by_priority``), oldest first, and
+    # each that does not fit gets a reservation of its own (beyond ``max_reservations``,
+    # whether or not ``backfill`` is on), so it starts at the latest when the jobs on its
+    # reserved slices reach their time limits (docs/scheduling.md#starvation). None: no
+    # such bound.
     max_wait_s: float | None = 7 * 24 * 3600.0
     # The memoisation a pass may use (all by default). Only tests and the benchmark switch
     # caches off, to check that no decision depends on them and to measure what each gains.

@@ -17,6 +17,8 @@ filling), not to whoever was lowest when the pass began.
 ``FairShareRules`` are the portal's policy as the pass (``scheduler.core``) asks for it: each
 class in two rounds (jobs within their team's guarantee first, then the rest), each round
 one ``FairQueue``; a job that fits nowhere preempts when a rule lets it, else reserves.
+Without preemption by class (the default) the rounds within guarantees of all classes go
+before the borrowing rounds, as reclaim would settle it anyway (``FairShareRules.rounds``).
 The FIFO baselines answer the same questions in ``scheduler.baselines``.
 
 Aging: F lies in (0, 1], so a job that has waited 2 / aging_per_hour hours longer than
@@ -24,7 +26,8 @@ another job of its class and round (1,000 h with the default 0.002) is considere
 it, whatever the teams' usage. That is long on purpose: strong aging turns a long queue into
 FIFO and undoes fair share. The bound a user can rely on is ``max_wait_s``: jobs queued that
 long go first, before every class and round, oldest first, each with a reservation of its own
-(``starving_jobs``; docs/scheduling.md#starvation).
+(``starving_jobs``; docs/scheduling.md#starvation); one that would borrow goes after the work
+within guarantees, unless ``preempt_by_priority``.
 """
 
 from __future__ import annotations
@@ -387,7 +390,8 @@ class Ordered:
 class FairShareRules:
     """The portal's policy: priority classes, highest first; inside a class two rounds, the
     jobs within their team's guarantee first, each in fair-share order; a job that fits
-    nowhere preempts when a rule lets it, else gets a backfill reservation."""
+    nowhere preempts when a rule lets it, else gets a backfill reservation. Jobs past the
+    maximum wait go before the jobs that borrow (see ``rounds``)."""
 
     classes = True
     fair_order = True
@@ -398,6 +402,21 @@ class FairShareRules:
         self.by_priority = config.preempt_by_priority
 
     def rounds(self, cycle: Cycle, candidates: list[Candidate]) -> Iterator[list[Candidate]]:
+        """The rounds, in the order the policy's preemption rules would settle them anyway.
+
+        Without preemption by class (the default), work that keeps its team within its
+        guarantee goes first, whatever its class, since reclaim would take borrowed capacity
+        of any class back for it; then the jobs past ``max_wait_s``, oldest first, each with
+        a reservation; then the borrowing rounds, class by class. (A starving job that keeps
+        its team within its guarantee goes first of all.) So capacity a reclaim frees goes to
+        the job that reclaimed it, and a starving job that borrows is reclaimable like any
+        borrowed work (``scheduler.preempt``) without a loop: requeued, it no longer goes
+        before the job that took its room back.
+
+        With ``preempt_by_priority`` a class takes room from the classes below it, work within
+        a guarantee included: classes go first, and starving jobs before them all (and, once
+        started, are no victims at all).
+        """
         by_rank: dict[int, list[Candidate]] = {}
         for c in candidates:
             group = by_rank.get(c.rank)
@@ -407,15 +426,61 @@ class FairShareRules:
         cycle.fair = self._standing(cycle, by_rank.values())
         starving = starving_jobs(candidates, cycle.now, self._config.max_wait_s)
         if starving:
-            # Jobs past the maximum wait go first, oldest first, each with a reservation.
-            cycle.starving = True
-            yield starving
-            cycle.starving = False
             chosen = {id(c) for c in starving}
             for rank, group in by_rank.items():
                 by_rank[rank] = [c for c in group if id(c) not in chosen]
-        for rank in sorted(by_rank, reverse=True):
-            yield from self._phases(cycle, by_rank[rank])
+        ranks = sorted(by_rank, reverse=True)
+        if self.by_priority:
+            if starving:
+                yield from self._starving(cycle, starving)
+            for rank in ranks:
+                yield from self._phases(cycle, by_rank[rank])
+            return
+        borrowing: list[Candidate] = []
+        if starving:
+            # Starving jobs within their team's guarantee first (a job the round finds
+            # borrowing after all joins the starving jobs that borrow).
+            inside = self._inside(cycle, starving)
+            if inside:
+                cycle.first_round = True
+                yield from self._starving(cycle, inside)
+                cycle.first_round = False
+            chosen = {id(c) for c in inside}
+            borrowing = [c for c in starving if id(c) not in chosen] + cycle.deferred
+            borrowing.sort(key=lambda c: age_key(c.job))
+            cycle.deferred = []
+        rest: dict[int, list[Candidate]] = {}
+        for rank in ranks:
+            group = by_rank[rank]
+            inside = self._inside(cycle, group)
+            if inside:
+                cycle.first_round = True
+                yield inside
+                cycle.first_round = False
+            chosen = {id(c) for c in inside}
+            rest[rank] = [c for c in group if id(c) not in chosen] + cycle.deferred
+            cycle.deferred = []
+        if borrowing:
+            yield from self._starving(cycle, borrowing)
+        for rank in ranks:
+            yield rest[rank]
+
+    def _starving(self, cycle: Cycle, jobs: list[Candidate]) -> Iterator[list[Candidate]]:
+        """One round of jobs past the maximum wait: oldest first, each with a reservation."""
+        cycle.starving = True
+        yield jobs
+        cycle.starving = False
+
+    @staticmethod
+    def _inside(cycle: Cycle, group: list[Candidate]) -> list[Candidate]:
+        """The jobs of ``group`` that keep their team within its guarantee, as of now."""
+        ledger = cycle.ledger.team
+        under = under_guarantee({c.job.team for c in group}, ledger, cycle.teams)
+        return [
+            c
+            for c in group
+            if c.job.team in under and within_guarantee(c, ledger.get(c.job.team, 0.0))
+        ]
 
     def _standing(self, cycle: Cycle, groups: Iterable[list[Candidate]]) -> FairShare:
         """The fair-share standing of the teams and users with pending work."""
@@ -457,13 +522,7 @@ class FairShareRules:
         then everything else. So freed capacity goes to a team under its guarantee before
         any team borrows it; a job the first round finds borrowing after all (its team got
         capacity meanwhile) moves to the second round."""
-        ledger = cycle.ledger.team
-        under = under_guarantee({c.job.team for c in group}, ledger, cycle.teams)
-        inside = [
-            c
-            for c in group
-            if c.job.team in under and within_guarantee(c, ledger.get(c.job.team, 0.0))
-        ]
+        inside = self._inside(cycle, group)
         if inside:
             cycle.first_round = True
             yield inside
@@ -491,14 +550,16 @@ class FairShareRules:
 
     def _journal_starving(self, cycle: Cycle, journal: Journal) -> Callable[[Candidate], None]:
         """Records the jobs past the maximum wait in the journal as they are yielded, as a
-        fair queue records its own (each in its class, outside the first round, with the
-        age boost it has), so the standing's report has their parts too."""
+        fair queue records its own (each in its class, in the first round when its round is
+        the starving jobs within their guarantees, with the age boost it has), so the
+        standing's report has their parts too."""
         aging = self._config.aging_per_hour / 3600.0
         now = cycle.now
+        within = cycle.first_round
 
         def record(c: Candidate) -> None:
             queued = queued_at(c.job)
-            journal.rounds.append((len(journal.yielded), c.rank, False))
+            journal.rounds.append((len(journal.yielded), c.rank, within))
             boost = aging * (now - queued) if now > queued else 0.0
             journal.yielded.append((boost, age_key(c.job), c))
 

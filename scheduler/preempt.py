@@ -4,7 +4,10 @@ The rules (``Preemption``): a job whose team stays within its guarantee reclaims
 capacity, taking only from teams that hold more than their own guarantee (counted without
 their jobs already being stopped) and sparing jobs that have run longer than
 ``reclaim_max_run_s``; with ``preempt_by_priority`` a job preempts jobs of lower classes.
-Never a job that is not preemptible or has run less than ``min_run_time_s``.
+Never a job that is not preemptible or has run less than ``min_run_time_s``. A job that
+started past ``max_wait_s`` is never a victim by class; reclaim takes it, last (without
+preemption by class it goes after the work within guarantees, so its room stays with the job
+that reclaimed it: ``order.FairShareRules.rounds``).
 
 Jobs larger than their team's whole guarantee (*oversized*: they can only ever run on
 borrowed capacity) are reclaimed last, and counting the work thrown away
@@ -18,7 +21,8 @@ Choosing (``Preemptor``): a victim must also not already be in its grace period.
 jobs in their grace period count as *freeing soon*: a job entitled to preempt claims them
 before choosing new victims, so one shortage never costs two victims. Victims go lowest
 class first, then most recently started, and the search stops at the first node where they
-make room.
+make room; a multi-node gang that no one node's victims make room for takes them over the
+nodes of one pool.
 
 MPS shares are not reclaimed by preemption: a GPU's shares serve one team, so freeing some
 of them would not let another team in. Whole GPUs and MIG instances are.
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.backfill import Timeline, earliest_fit
@@ -49,11 +53,14 @@ class Holder:
     units: float
     team: str
     oversized: bool = False  # larger than its team's whole guarantee: it only ever borrows
+    # It started past ``max_wait_s``: never a victim by class, and reclaimed last of its class.
+    started_starving: bool = False
     chosen: bool = False
 
-    def victim_order(self) -> tuple[int, float, str]:
-        # Lowest class first, then the most recently started (it loses the least work).
-        return (self.rank, -self.run.started_at, self.run.job.id)
+    def victim_order(self) -> tuple[int, bool, float, str]:
+        # Lowest class first, then the most recently started (it loses the least work); a job
+        # that started past the maximum wait after all others of its class (it waited long).
+        return (self.rank, self.started_starving, -self.run.started_at, self.run.job.id)
 
 
 # Rule, given a possible victim and what its team would hold without the victims already
@@ -72,7 +79,7 @@ class Choice:
 
 # (victim order, node, slices freed there, holder): unique before the holder, so tuples
 # compare without ever comparing holders.
-_Candidate = tuple[tuple[int, float, str], int, int, Holder]
+_Candidate = tuple[tuple[int, bool, float, str], int, int, Holder]
 
 
 class Preemption:
@@ -126,7 +133,8 @@ class Preemption:
                 now=self._now,
                 min_run_time_s=config.min_run_time_s,
             )
-        if preemptor.claim_soon(c.pools, job.team, c.minimum) is not None:
+        multi_node = job.request.multi_node
+        if preemptor.claim_soon(c.pools, job.team, c.minimum, multi_node) is not None:
             return []
         teams, protected = self._teams, self._protected
 
@@ -138,7 +146,7 @@ class Preemption:
                 and holder.run.started_at >= protected
             ):
                 return True
-            return by_priority and holder.rank < c.rank
+            return by_priority and holder.rank < c.rank and not holder.started_starving
 
         kept = ledger.kept()
 
@@ -156,18 +164,20 @@ class Preemption:
                 return not holder.oversized and eligible(holder, held)
 
             found = preemptor.find(
-                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may=team_may
+                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may, multi_node
             )
         if found is None:
-            found = preemptor.find(c.pools, job.team, c.minimum, eligible, kept, team_may=team_may)
+            found = preemptor.find(
+                c.pools, job.team, c.minimum, eligible, kept, team_may, multi_node
+            )
             if found is None:
                 return None
-            if patient and any(v.oversized for v in found[2]):
-                self.waiting_after = self._waits(c, found[2])
+            if patient and any(v.oversized for v in found[1]):
+                self.waiting_after = self._waits(c, found[1])
                 if self.waiting_after is not None:
                     return None
-        pool, node, victims = found
-        preemptor.commit(pool, node, job.team, c.minimum, victims)
+        pool, victims = found
+        preemptor.commit(pool, job.team, c.minimum, victims, multi_node)
         return [
             (victim, "reclaim" if reclaim and victim.team != job.team else "priority")
             for victim in victims
@@ -220,12 +230,15 @@ class Preemption:
         out = []
         for run, held, units, _ in self._held:
             rank = classes.get(run.job.priority, 0)
+            starved = max_wait is not None and _waited(run) >= max_wait
             if run.preempting_since is None:
                 if not run.job.preemptible or run.started_at > oldest:
                     continue
-                if max_wait is not None and _waited(run) >= max_wait:
-                    # It started past the maximum wait: taking it back would requeue a job
-                    # that goes first again (a loop) and void the bound.
+                if starved and config.preempt_by_priority:
+                    # It started past the maximum wait, and starving jobs go before every
+                    # class (``FairShareRules.rounds``): requeued, it would take its room
+                    # back at once (a loop) and void the bound. Without preemption by class
+                    # it goes after the work within guarantees, and reclaim may take it.
                     continue
                 by_reclaim = (
                     config.reclaim
@@ -237,7 +250,7 @@ class Preemption:
             team = run.job.team
             smallest = units * run.job.request.minimum / len(held) if held else 0.0
             oversized = smallest > guaranteed(teams, team) + EPS
-            out.append(Holder(run, rank, held, units, team, oversized))
+            out.append(Holder(run, rank, held, units, team, oversized, starved))
         return out
 
 
@@ -282,8 +295,11 @@ class Preemptor:
                 by_team = self._candidates.setdefault(pool, {})
                 by_team.setdefault(holder.team, []).append((order, node, count, holder))
 
-    def claim_soon(self, pools: Sequence[Pool], team: str, need: int) -> list[Slice] | None:
-        """Slices freeing soon that, with the free ones, fit ``need`` on one node."""
+    def claim_soon(
+        self, pools: Sequence[Pool], team: str, need: int, multi_node: bool = False
+    ) -> list[Slice] | None:
+        """Slices freeing soon that, with the free ones, fit ``need`` on one node (or, for a
+        multi-node gang that fits no node, over the nodes of one pool)."""
         best: tuple[int, Pool, int] | None = None
         for pool in pools:
             for node, items in self.soon.get(pool, {}).items():
@@ -293,12 +309,32 @@ class Preemptor:
                 if fits and (best is None or (len(items), node) < (best[0], best[2])):
                     best = (len(items), pool, node)
         if best is None:
-            return None
+            return self._claim_spread(pools, need) if multi_node else None
         _, pool, node = best
         missing = need - self._index.node_free(pool, team, node)
         by_node = self.soon[pool]
         claimed, by_node[node] = by_node[node][:missing], by_node[node][missing:]
         return claimed
+
+    def _claim_spread(self, pools: Sequence[Pool], need: int) -> list[Slice] | None:
+        """A multi-node gang: slices freeing soon on any nodes of one pool that, with the free
+        ones there, make ``need`` (MPS shares are never claimed across nodes)."""
+        for pool in pools:
+            by_node = self.soon.get(pool)
+            if pool[0] is SliceKind.MPS or not by_node:
+                continue
+            free = self._index.total_free((pool,))
+            if free + sum(len(items) for items in by_node.values()) < need:
+                continue
+            claimed: list[Slice] = []
+            for node in sorted(by_node):
+                missing = need - free - len(claimed)
+                if missing <= 0:
+                    break
+                claimed += by_node[node][:missing]
+                by_node[node] = by_node[node][missing:]
+            return claimed
+        return None
 
     def find(
         self,
@@ -307,21 +343,62 @@ class Preemptor:
         need: int,
         eligible: Eligible,
         team_units: dict[str, float],
-        *,
         team_may: TeamMay | None = None,
-    ) -> tuple[Pool, int, list[Holder]] | None:
-        """Victims on one node that, with its free and freeing slices, fit ``need``: the pool,
-        the node and the victims, not yet taken (``commit`` takes them).
+        multi_node: bool = False,
+    ) -> tuple[Pool, list[Holder]] | None:
+        """Victims on one node that, with its free and freeing slices, fit ``need``: the pool
+        and the victims, not yet taken (``commit`` takes them). A multi-node gang that no
+        node's victims make room for takes victims over the nodes of one pool.
 
         Walks the possible victims in victim order (lowest class, most recently started) and
-        stops at the first node where the ones met so far make room, so the victims are the
-        first ones the rule names, and few of them.
+        stops at the first node where the ones met so far make room (for a multi-node gang:
+        once they make room in all), so the victims are the first ones the rule names, and
+        few of them.
         """
         for pool in pools:
             found = self._walk(pool, team, need, eligible, team_units, team_may)
             if found is not None:
-                node, victims = found
-                return pool, node, victims
+                return pool, found
+        if multi_node:
+            for pool in pools:
+                if pool[0] is SliceKind.MPS:
+                    continue
+                spread = self._walk_spread(pool, need, eligible, team_units, team_may)
+                if spread is not None:
+                    return pool, spread
+        return None
+
+    def _merged(self, pool: Pool, team_may: TeamMay | None) -> Iterator[_Candidate]:
+        """The possible victims of ``pool``, of the teams ``team_may`` allows, in victim
+        order (each team's list already is; merged lazily)."""
+        by_team = self._candidates.get(pool, {})
+        lists = [victims for name, victims in by_team.items() if team_may is None or team_may(name)]
+        return heapq.merge(*lists) if len(lists) > 1 else iter(lists[0] if lists else ())
+
+    def _walk_spread(
+        self,
+        pool: Pool,
+        need: int,
+        eligible: Eligible,
+        team_units: dict[str, float],
+        team_may: TeamMay | None,
+    ) -> list[Holder] | None:
+        slice_pool = self._index.shape.slice_pool
+        have = self._index.total_free((pool,))
+        have += sum(len(items) for items in self.soon.get(pool, {}).values())
+        picked: list[Holder] = []
+        removed: dict[str, float] = {}  # units picked per team
+        for _, _, _, holder in self._merged(pool, team_may):
+            if holder.chosen or any(h is holder for h in picked):
+                continue  # (a victim on several nodes is met once per node)
+            gone = removed.get(holder.team, 0.0)
+            if not eligible(holder, team_units.get(holder.team, 0.0) - gone):
+                continue
+            removed[holder.team] = gone + holder.units
+            picked.append(holder)
+            have += sum(1 for item in holder.slices if slice_pool[item.id] == pool)
+            if have >= need:
+                return picked
         return None
 
     def _walk(
@@ -332,11 +409,8 @@ class Preemptor:
         eligible: Eligible,
         team_units: dict[str, float],
         team_may: TeamMay | None,
-    ) -> tuple[int, list[Holder]] | None:
-        by_team = self._candidates.get(pool, {})
-        lists = [victims for name, victims in by_team.items() if team_may is None or team_may(name)]
-        # The teams' lists are each in victim order; merge them lazily.
-        walk = heapq.merge(*lists) if len(lists) > 1 else iter(lists[0] if lists else ())
+    ) -> list[Holder] | None:
+        walk = self._merged(pool, team_may)
         have: dict[int, int] = {}
         picked: dict[int, list[Holder]] = {}
         removed: dict[tuple[int, str], float] = {}  # units picked per (node, team)
@@ -354,10 +428,12 @@ class Preemptor:
             picked.setdefault(node, []).append(holder)
             have[node] += count
             if have[node] >= need:
-                return node, picked[node]
+                return picked[node]
         return None
 
-    def commit(self, pool: Pool, node: int, team: str, need: int, victims: list[Holder]) -> Choice:
+    def commit(
+        self, pool: Pool, team: str, need: int, victims: list[Holder], multi_node: bool = False
+    ) -> Choice:
         """Take the victims ``find`` named: their slices free soon, claimed for ``team``."""
         node_of = self._index.shape.slice_node
         for victim in victims:
@@ -366,7 +442,7 @@ class Preemptor:
                 if item.kind is not SliceKind.MPS:
                     by_node = self.soon.setdefault(self._index.shape.slice_pool[item.id], {})
                     by_node.setdefault(node_of[item.id], []).append(item)
-        claimed = self.claim_soon([pool], team, need) or []
+        claimed = self.claim_soon([pool], team, need, multi_node) or []
         return Choice(victims, claimed)
 
 

@@ -288,3 +288,31 @@ def test_a_job_that_waits_for_room_leaves_no_verdict_for_an_older_one_alike(
 def test_reclaim_wait_s_rejects_a_negative_value() -> None:
     with pytest.raises(ValueError, match="reclaim_wait_s"):
         decide(snapshot([whole_node("n0")]), reclaim_wait_s=-1.0)
+
+
+def test_a_multi_node_gang_reclaims_over_several_nodes() -> None:
+    # Team a is guaranteed 16 GPUs and asks for a gang of 16 over two 8-GPU nodes, which
+    # team b fills with borrowed work. No one node's victims make room; both nodes' do
+    # (before, the gang found no victims and waited for b's jobs to end).
+    teams = [Team("a", guaranteed=16.0), Team("b", guaranteed=0.0)]
+    nodes = [whole_node("n0", gpus=8), whole_node("n1", gpus=8)]
+    b1, b2 = job("b1", "b"), job("b2", "b")
+    held = [
+        running(b1, [f"n0-g{g}" for g in range(8)], started=0.0, borrowed=True),
+        running(b2, [f"n1-g{g}" for g in range(8)], started=10.0, borrowed=True),
+    ]
+    gang = job("a16", count=16, multi_node=True)
+    decisions = decide(snapshot(nodes, [gang], held, teams))
+    assert summary(decisions) == [
+        ("preempt", "b2", "a16"),
+        ("preempt", "b1", "a16"),
+        ("pending", "a16", "WAITING_FOR_PREEMPTION", 1),
+    ]
+    # In their grace period their GPUs are claimed for the gang: no new victims.
+    stopping = [replace(r, preempting_since=1000.0) for r in held]
+    later = decide(snapshot(nodes, [gang], stopping, teams), now=1010.0)
+    assert summary(later) == [("pending", "a16", "WAITING_FOR_PREEMPTION", 1)]
+    assert later.pending[0].reason.numbers["victims"] == 0
+    # Once they have stopped, it starts on both nodes.
+    done = decide(snapshot(nodes, [gang], teams=teams), now=1030.0)
+    assert sorted(done.assign[0].nodes) == ["n0", "n1"]

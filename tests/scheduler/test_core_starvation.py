@@ -88,6 +88,78 @@ def test_a_short_job_still_backfills_into_a_starving_jobs_set_aside_slices() -> 
     assert codes(decisions) == {"big": "RESERVED"}
 
 
+# The starvation bound meets the guarantee (bound 1 of docs/scheduling.md#starvation). On a
+# Philly slice (256 GPUs, bench/eta.py) a team that had queued for weeks borrowed most of the
+# cluster with starving jobs, which went first in every pass and, once started, were no
+# victims: another team's 8-GPU job within its guarantee waited 614,195 s. Reduced to one GPU:
+GUARANTEED = [Team("a", guaranteed=1.0), Team("b", guaranteed=0.0)]
+
+
+def test_a_starving_job_that_borrows_goes_after_work_within_a_guarantee() -> None:
+    # One free GPU. "old" (team b, no guarantee) has waited a week; "a1" keeps team a within
+    # its guarantee. Without preemption by class, reclaim would take the GPU back for a1
+    # anyway: a1 gets it, old reserves (it is next).
+    pending = [job("old", "b", at=0.0), job("a1", "a", at=WEEK)]
+    snap = snapshot([whole_node("n0", gpus=1)], pending, teams=GUARANTEED)
+    assert summary(decide(snap, now=WEEK + 1.0)) == [
+        ("assign", "a1", ("n0-g0",)),
+        ("pending", "old", "RESERVED", 1),
+    ]
+    # With preemption by class, classes (and starving jobs before them) go first.
+    by_class = decide(snap, now=WEEK + 1.0, preempt_by_priority=True)
+    assert placed(by_class) == {"old": ("n0-g0",)}
+
+
+def test_the_fair_share_report_says_which_starving_jobs_are_within_their_guarantee() -> None:
+    pending = [job("old", "b", at=0.0), job("a-old", "a", at=1.0)]
+    snap = snapshot([whole_node("n0", gpus=1)], pending, teams=GUARANTEED)
+    decisions = decide(snap, now=WEEK + 10.0, explain=True)
+    assert placed(decisions) == {"a-old": ("n0-g0",)}  # within its guarantee: first of all
+    priorities = decisions.standing.priorities()
+    assert priorities["a-old"].within_guarantee
+    assert not priorities["old"].within_guarantee
+
+
+def test_reclaim_takes_back_a_job_that_started_past_the_maximum_wait_and_keeps_its_room() -> None:
+    # "s" (team b) started after waiting a week and borrows the only GPU; a1 is within team
+    # a's guarantee. Pass 1: a1 reclaims s (it was no victim at all before).
+    s = job("s", "b", at=0.0, queued_since=0.0)
+    a1 = job("a1", "a", at=WEEK + 500.0)
+    held = [running(s, ["n0-g0"], started=WEEK + 100.0, borrowed=True)]
+    nodes = [whole_node("n0", gpus=1)]
+    first = decide(snapshot(nodes, [a1], held, GUARANTEED), now=WEEK + 1000.0)
+    assert summary(first) == [
+        ("preempt", "s", "a1"),
+        ("pending", "a1", "WAITING_FOR_PREEMPTION", 1),
+    ]
+    # Pass 2: s has stopped and is requeued, still starving. The GPU goes to a1, which
+    # reclaimed it; before, s went first again and took it (a preemption loop).
+    second = decide(snapshot(nodes, [s, a1], teams=GUARANTEED), now=WEEK + 1030.0)
+    assert summary(second) == [
+        ("assign", "a1", ("n0-g0",)),
+        ("pending", "s", "RESERVED", 1),
+    ]
+    # With preemption by class it goes first again, so it stays no victim.
+    by_class = decide(
+        snapshot(nodes, [a1], held, GUARANTEED), now=WEEK + 1000.0, preempt_by_priority=True
+    )
+    assert by_class.preempt == ()
+
+
+def test_reclaim_takes_a_job_that_started_past_the_maximum_wait_last() -> None:
+    # Team b borrows both GPUs: "s" started past the maximum wait, most recently; "r" did
+    # not. The most recently started would go first; the one that waited a week goes last.
+    held = [
+        running(job("s", "b", queued_since=0.0), ["n0-g0"], started=WEEK + 200.0, borrowed=True),
+        running(job("r", "b", at=WEEK), ["n0-g1"], started=WEEK + 100.0, borrowed=True),
+    ]
+    snap = snapshot([whole_node("n0", gpus=2)], [job("a1", "a", at=WEEK)], held, GUARANTEED)
+    assert summary(decide(snap, now=WEEK + 1000.0)) == [
+        ("preempt", "r", "a1"),
+        ("pending", "a1", "WAITING_FOR_PREEMPTION", 1),
+    ]
+
+
 @pytest.mark.parametrize("value", [-1.0, -0.5])
 def test_a_negative_maximum_wait_is_refused_naming_the_field(value: float) -> None:
     with pytest.raises(ValueError, match="SchedulerConfig.max_wait_s: must be None or a number"):

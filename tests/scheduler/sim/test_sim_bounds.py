@@ -85,6 +85,63 @@ def test_a_job_within_its_guarantee_starts_within_min_run_plus_grace_of_heading_
     assert worst <= bound + 1e-6, (worst, bound)
 
 
+WHOLE_NODE_TEAMS = {"a": 8, "b": 16, "c": 8}  # on 32 GPUs, 4 nodes of 8: they add up to it
+
+
+@st.composite
+def whole_node_gang_traces(draw: st.DrawFn) -> list[TraceJob]:
+    """Philly's shape: gangs of one node (8 GPUs) and of two (16, spread over nodes), none
+    larger than its team's guarantee (so no fragmentation and no oversized victim), team b
+    flooding the cluster at t=0, long enough for its queue to pass the maximum wait."""
+    sizes = {"a": [8], "b": [8, 16], "c": [8]}
+    jobs = [
+        job(
+            f"f{i:02d}",
+            draw(st.sampled_from(sizes["b"])),
+            0.0,
+            float(draw(st.integers(300, 3000))),
+            "b",
+        )
+        for i in range(draw(st.integers(6, 16)))
+    ]
+    for i in range(draw(st.integers(4, 16))):
+        name = draw(st.sampled_from(sorted(WHOLE_NODE_TEAMS)))
+        jobs.append(
+            job(
+                f"j{i:02d}",
+                draw(st.sampled_from(sizes[name])),
+                float(draw(st.integers(0, 4000))),
+                float(draw(st.integers(60, 3000))),
+                name,
+            )
+        )
+    return sorted(jobs, key=lambda j: j.submit_s)
+
+
+@BOUNDS
+@given(whole_node_gang_traces(), st.sampled_from([None, 600.0, 1800.0]))
+def test_a_gang_within_its_guarantee_starts_within_min_run_plus_grace_even_past_max_waits(
+    jobs: list[TraceJob], max_wait_s: float | None
+) -> None:
+    # Starving jobs of a borrowing team must not keep a team's guarantee from it (they go
+    # after the work within guarantees and are reclaimable), and a gang of two nodes
+    # reclaims over both.
+    config = SchedulerConfig(explain=False, max_wait_s=max_wait_s)
+    result = replay(
+        jobs,
+        nodes=build_nodes(ClusterSpec(32)),
+        teams={name: team(name, g) for name, g in WHOLE_NODE_TEAMS.items()},
+        config=config,
+        schedule=schedule,
+    )
+    assert not result.unfinished
+    bound = config.min_run_time_s + config.grace_period_s
+    waits = guarantee_waits(result.records, {n: float(g) for n, g in WHOLE_NODE_TEAMS.items()})
+    assert waits, "no job headed its queue within its guarantee"
+    worst = max(waits.values())
+    assert worst <= bound + 1e-6, (worst, bound)
+
+
 OVERSIZED_TEAMS = {"a": 6, "b": 8, "o": 2}  # o asks only for gangs larger than its 2 GPUs
 
 
