@@ -1,10 +1,10 @@
 """The discrete-event replay: a trace through ``schedule()`` on a simulated clock.
 
 Events are arrivals, completions, the end of a victim's grace period and, only where a rule
-needs time to pass, a tick (the moment the youngest reclaimable job reaches the minimum run
-time, or a queued job's ``reclaim_wait_s`` runs out, while a team under its guarantee
-waits). All events at one instant are applied before the core is asked, so a burst of
-arrivals costs one pass.
+needs time to pass, a tick (the moment a possible victim of a reclaim reaches the minimum run
+time, or a queued job that may reclaim reaches its ``reclaim_wait_s``; each pass plans the
+next one anew, ``_plan_tick``). All events at one instant are applied before the core is
+asked, so a burst of arrivals costs one pass.
 
 The simulator holds no policy of its own: whatever the core decides is applied as is, and
 checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
