@@ -8,9 +8,9 @@
 (c) trace replays, one process per replay, as many at once as there are cores
     (bench/philly.py): the Philly trace on 512 and 400 GPUs, and the own traces of
     scripts/make_traces.py (tests/fixtures/trace_*.csv) on 64 GPUs, each with its targets.
-    `make bench` replays Philly with fairshare and private on both sizes and FIFO + backfill
-    on 512 GPUs; `make bench-full` (--full) adds the slowest baselines: FIFO + backfill on
-    400 GPUs and plain FIFO on both;
+    `make bench` replays fair share, FIFO + backfill and private partitions on every trace
+    and size, each with the durations shown and hidden; `make bench-full` (--full) adds the
+    slowest baseline, plain FIFO, on Philly;
 (d) ETA calibration and the starvation bounds on a slice of the Philly trace (bench/eta.py).
 
 Options: --full, --skip-philly, --skip-traces, --skip-db, --skip-eta, --philly-trace PATH,
@@ -37,18 +37,6 @@ DB_TARGET_MS = 1000.0
 
 def _verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
-
-
-def _philly_policies(gpus: int, sizes: tuple[int, ...], full: bool) -> tuple[str, ...]:
-    """What `make bench` replays on ``gpus``: everything with --full; else fairshare and
-    private everywhere and FIFO + backfill on the largest size only."""
-    from bench import philly
-
-    if full:
-        return philly.POLICY_ORDER
-    if gpus == max(sizes):
-        return ("fairshare", "fifo_backfill", "private")
-    return ("fairshare", "private")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,18 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import philly
 
-    tasks: list[philly.Replay] = []
     sizes = tuple(int(size) for size in args.gpus.split(",") if size.strip())
-    if not args.skip_philly:
-        for gpus in sizes:
-            tasks += philly.philly_tasks(
-                args.philly_trace,
-                (gpus,),
-                limit_jobs=args.philly_limit_jobs,
-                policies=_philly_policies(gpus, sizes, args.full),
-            )
-    if not args.skip_traces:
-        tasks += philly.trace_tasks()
+    tasks = philly.bench_tasks(
+        args.philly_trace,
+        sizes,
+        full=args.full,
+        limit_jobs=args.philly_limit_jobs,
+        philly=not args.skip_philly,
+        traces=not args.skip_traces,
+    )
     results["philly"], results["traces"] = [], []
     if tasks:
         print(f"\n== (c) {len(tasks)} trace replays, in parallel ==", flush=True)

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -39,6 +40,9 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly" / "jobs.csv"
 FIXTURES = ROOT / "tests" / "fixtures"
 POLICY_ORDER = ("fairshare", "fifo", "fifo_backfill", "private")
 TRACE_POLICIES = ("fairshare", "fifo_backfill", "private")
+# Every replay runs with the true durations as time limits ("shown") and with user-style
+# limits of 1 h / 4 h / 24 h / 7 d ("hidden", as production sees jobs; scheduler/sim/engine.py).
+DURATIONS = ("shown", "hidden")
 OURS, BASELINE = "fairshare", "fifo_backfill"
 UTILISATION_VS_BOUND = 0.97
 JAIN_TARGET = 0.95
@@ -63,7 +67,9 @@ _ROWS = (
     ("offered load", "offered_load", "{:.4f}"),
     ("jain_waiting", "jain_waiting", "{:.4f}"),
     ("excluded jobs", "excluded_jobs", "{:.0f}"),
+    ("passes", "passes", "{:.0f}"),
     ("wall s", "wall_s", "{:.1f}"),
+    ("CPU s", "cpu_s", "{:.1f}"),
 )
 
 
@@ -77,6 +83,11 @@ class Replay:
     policy: str
     label: str  # the trace's short name in tables ("philly", "bursty", ...)
     limit_jobs: int | None = None
+    durations: str = "shown"  # or "hidden": time limits are user-style overestimates
+
+    def __post_init__(self) -> None:
+        if self.durations not in DURATIONS:
+            raise ValueError(f"durations must be one of {', '.join(DURATIONS)}")
 
 
 def replay(task: Replay) -> tuple[dict[str, Any], tuple[JobRecord, ...]]:
@@ -85,9 +96,16 @@ def replay(task: Replay) -> tuple[dict[str, Any], tuple[JobRecord, ...]]:
     quotas = load_quotas(task.quotas) if task.quotas is not None and task.quotas.exists() else None
     teams = build_teams((job.tenant for job in jobs), quotas, task.gpus)
     scenario = Scenario(
-        jobs=jobs, cluster=ClusterSpec(task.gpus), teams=teams, trace_name=str(task.trace)
+        jobs=jobs,
+        cluster=ClusterSpec(task.gpus),
+        teams=teams,
+        trace_name=str(task.trace),
+        hide_durations=task.durations == "hidden",
     )
+    started = time.process_time()
     report, records = simulate(scenario, task.policy, check_sharing=False)
+    # CPU seconds of the replay alone: on a shared machine the wall clock says little.
+    report["cpu_s"] = round(time.process_time() - started, 1)
     report["trace_label"] = task.label
     return report, records
 
@@ -107,22 +125,24 @@ def run_replays(
             done[i] = futures[i].result()
             report = done[i][0]
             print(
-                f"  {report['trace_label']} {report['policy']} on {report['gpus']} GPUs: "
+                f"  {report['trace_label']} {report['policy']} on {report['gpus']} GPUs, "
+                f"durations {report['durations']}: "
                 f"mean wait {report['mean_wait_s']:.0f} s, utilisation "
                 f"{report['utilisation_vs_bound']:.2%} of bound, jain "
-                f"{report['jain_waiting']:.3f}, {report['wall_s']:.1f} s wall",
+                f"{report['jain_waiting']:.3f}, {report['wall_s']:.1f} s wall, "
+                f"{report['cpu_s']:.1f} s CPU",
                 file=out,
                 flush=True,
             )
     private = {
-        (task.label, task.gpus): done[i][1]
+        (task.label, task.gpus, task.durations): done[i][1]
         for i, task in enumerate(tasks)
         if task.policy == "private"
     }
     reports = []
     for i, task in enumerate(tasks):
         report, records = done[i]
-        baseline = private.get((task.label, task.gpus))
+        baseline = private.get((task.label, task.gpus, task.durations))
         if task.policy != "private" and baseline is not None:
             report["sharing_incentive"] = sharing_report(records, baseline)
         reports.append(report)
@@ -136,21 +156,53 @@ def philly_tasks(
     quotas_path: str | Path | None = None,
     limit_jobs: int | None = None,
     policies: Sequence[str] = POLICY_ORDER,
+    durations: Sequence[str] = DURATIONS,
 ) -> list[Replay]:
     trace = Path(trace_path)
     quotas = Path(quotas_path) if quotas_path else trace.parent / "vc_quota_nodes.csv"
     return [
-        Replay(trace, quotas, gpus, policy, "philly", limit_jobs)
+        Replay(trace, quotas, gpus, policy, "philly", limit_jobs, mode)
         for gpus in gpu_sizes
+        for mode in durations
         for policy in policies
     ]
 
 
-def trace_tasks(names: Sequence[str] = OWN_TRACES, gpus: int = OWN_TRACE_GPUS) -> list[Replay]:
+def trace_tasks(
+    names: Sequence[str] = OWN_TRACES,
+    gpus: int = OWN_TRACE_GPUS,
+    *,
+    durations: Sequence[str] = DURATIONS,
+) -> list[Replay]:
     tasks = []
     for name in names:
         trace, quotas = FIXTURES / f"trace_{name}.csv", FIXTURES / f"trace_{name}_quotas.csv"
-        tasks.extend(Replay(trace, quotas, gpus, policy, name) for policy in TRACE_POLICIES)
+        tasks.extend(
+            Replay(trace, quotas, gpus, policy, name, durations=mode)
+            for mode in durations
+            for policy in TRACE_POLICIES
+        )
+    return tasks
+
+
+def bench_tasks(
+    trace_path: str | Path = DEFAULT_TRACE,
+    gpu_sizes: Sequence[int] = (512, 400),
+    *,
+    full: bool = False,
+    limit_jobs: int | None = None,
+    philly: bool = True,
+    traces: bool = True,
+) -> list[Replay]:
+    """The replays of `make bench`: Philly on every size and the own traces, with fair share,
+    FIFO + backfill and private partitions, each with the durations shown and hidden;
+    ``full`` (`make bench-full`) adds plain FIFO on Philly, the slowest baseline."""
+    tasks: list[Replay] = []
+    if philly:
+        policies = POLICY_ORDER if full else TRACE_POLICIES
+        tasks += philly_tasks(trace_path, gpu_sizes, limit_jobs=limit_jobs, policies=policies)
+    if traces:
+        tasks += trace_tasks()
     return tasks
 
 
@@ -161,11 +213,17 @@ def run(
     quotas_path: str | Path | None = None,
     limit_jobs: int | None = None,
     policies: Sequence[str] = POLICY_ORDER,
+    durations: Sequence[str] = DURATIONS,
     workers: int | None = None,
     out: TextIO = sys.stdout,
 ) -> list[dict[str, Any]]:
     tasks = philly_tasks(
-        trace_path, gpu_sizes, quotas_path=quotas_path, limit_jobs=limit_jobs, policies=policies
+        trace_path,
+        gpu_sizes,
+        quotas_path=quotas_path,
+        limit_jobs=limit_jobs,
+        policies=policies,
+        durations=durations,
     )
     results = run_replays(tasks, workers=workers, out=out)
     print(render_table(results), file=out)
@@ -174,9 +232,13 @@ def run(
 
 
 def run_traces(
-    names: Sequence[str] = OWN_TRACES, *, workers: int | None = None, out: TextIO = sys.stdout
+    names: Sequence[str] = OWN_TRACES,
+    *,
+    durations: Sequence[str] = DURATIONS,
+    workers: int | None = None,
+    out: TextIO = sys.stdout,
 ) -> list[dict[str, Any]]:
-    results = run_replays(trace_tasks(names), workers=workers, out=out)
+    results = run_replays(trace_tasks(names, durations=durations), workers=workers, out=out)
     print(render_tables(results), file=out)
     print(render_targets(trace_targets(results)), file=out, flush=True)
     return results
@@ -191,8 +253,14 @@ def render_tables(results: Sequence[dict[str, Any]]) -> str:
     )
 
 
+def column(report: dict[str, Any]) -> str:
+    """A replay's column head: policy@gpus, with "/hidden" when durations were hidden."""
+    hidden = "/hidden" if report.get("durations", "shown") == "hidden" else ""
+    return f"{report['policy']}@{report['gpus']}{hidden}"
+
+
 def render_table(results: Sequence[dict[str, Any]]) -> str:
-    heads = [f"{r['policy']}@{r['gpus']}" for r in results]
+    heads = [column(r) for r in results]
     width = max(12, *(len(h) for h in heads))
     lines = [f"{'':<14}" + "".join(f"{h:>{width + 1}}" for h in heads)]
     for label, key, fmt in _ROWS:
@@ -209,18 +277,19 @@ def render_table(results: Sequence[dict[str, Any]]) -> str:
 
 def check_targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's Philly targets, each with the figures behind its verdict."""
-    by = {(r["policy"], r["gpus"]): r for r in results}
+    by = {(r["policy"], r["gpus"], r.get("durations", "shown")): r for r in results}
     sizes = sorted({r["gpus"] for r in results}, reverse=True)
     checks: list[dict[str, Any]] = []
-    for gpus in sizes:
-        ours, base = by.get((OURS, gpus)), by.get((BASELINE, gpus))
+    for gpus, mode in ((gpus, mode) for gpus in sizes for mode in DURATIONS):
+        ours, base = by.get((OURS, gpus, mode)), by.get((BASELINE, gpus, mode))
         if ours is None:
             continue
+        where = f"{gpus} GPUs, durations {mode}"
         if gpus == max(sizes):
             ratio = ours["utilisation_vs_bound"]
             checks.append(
                 _target(
-                    f"{gpus} GPUs: utilisation >= {UTILISATION_VS_BOUND:.0%} of its bound",
+                    f"{where}: utilisation >= {UTILISATION_VS_BOUND:.0%} of its bound",
                     ratio >= UTILISATION_VS_BOUND,
                     f"{ours['utilisation']:.4f} of {ours['utilisation_bound']:.4f} = {ratio:.2%}",
                 )
@@ -228,7 +297,7 @@ def check_targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if gpus == min(sizes):
             checks.append(
                 _target(
-                    f"{gpus} GPUs: utilisation above {BASELINE}'s",
+                    f"{where}: utilisation above {BASELINE}'s",
                     None if base is None else ours["utilisation"] > base["utilisation"],
                     f"{BASELINE} not replayed (make bench-full)"
                     if base is None
@@ -237,21 +306,21 @@ def check_targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         checks.append(
             _target(
-                f"{gpus} GPUs: jain_waiting >= {JAIN_TARGET}",
+                f"{where}: jain_waiting >= {JAIN_TARGET}",
                 ours["jain_waiting"] >= JAIN_TARGET,
                 f"{ours['jain_waiting']:.4f}",
             )
         )
         checks.append(
             _target(
-                f"{gpus} GPUs: mean wait below {BASELINE}'s",
+                f"{where}: mean wait below {BASELINE}'s",
                 None if base is None else ours["mean_wait_s"] < base["mean_wait_s"],
                 f"{BASELINE} not replayed (make bench-full)"
                 if base is None
                 else f"{ours['mean_wait_s']:.0f} s vs {base['mean_wait_s']:.0f} s",
             )
         )
-        checks.append(_sharing_target(f"{gpus} GPUs", ours))
+        checks.append(_sharing_target(where, ours))
     return checks
 
 
@@ -259,13 +328,15 @@ def trace_targets(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Issue 8's targets on every trace, all at once: ``jain_waiting`` >= 0.95, mean wait
     <= FIFO + backfill's, utilisation >= 97% of its bound, the sharing incentive for every
     team (the simulator's definitions, docs/simulator.md)."""
-    by = {(r["trace_label"], r["policy"], r["gpus"]): r for r in results}
+    by = {
+        (r["trace_label"], r["policy"], r["gpus"], r.get("durations", "shown")): r for r in results
+    }
     checks: list[dict[str, Any]] = []
-    for label, policy, gpus in by:
+    for label, policy, gpus, mode in by:
         if policy != OURS:
             continue
-        ours, base = by[(label, policy, gpus)], by.get((label, BASELINE, gpus))
-        where = f"{label} @ {gpus} GPUs"
+        ours, base = by[(label, policy, gpus, mode)], by.get((label, BASELINE, gpus, mode))
+        where = f"{label} @ {gpus} GPUs" + (", durations hidden" if mode == "hidden" else "")
         ratio = ours["utilisation_vs_bound"]
         checks.append(
             _target(
@@ -328,6 +399,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", default="512,400")
     parser.add_argument("--limit-jobs", type=int)
     parser.add_argument("--policies", default=",".join(POLICY_ORDER))
+    parser.add_argument(
+        "--durations", default=",".join(DURATIONS), help="shown, hidden or both (the default)"
+    )
     parser.add_argument("--workers", type=int, help="replays at once (default: the cores)")
     parser.add_argument(
         "--traces", action="store_true", help="replay the own traces (tests/fixtures/trace_*.csv)"
@@ -336,8 +410,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = tuple(int(size) for size in args.gpus.split(",") if size.strip())
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    durations = tuple(d.strip() for d in args.durations.split(",") if d.strip())
     if args.traces:
-        results = run_traces(workers=args.workers)
+        results = run_traces(workers=args.workers, durations=durations)
     else:
         results = run(
             args.trace,
@@ -345,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             quotas_path=args.quotas,
             limit_jobs=args.limit_jobs,
             policies=policies,
+            durations=durations,
             workers=args.workers,
         )
     if args.json:

@@ -1,10 +1,10 @@
 """The discrete-event replay: a trace through ``schedule()`` on a simulated clock.
 
 Events are arrivals, completions, the end of a victim's grace period and, only where a rule
-needs time to pass, a tick (the moment the youngest reclaimable job reaches the minimum run
-time, or a queued job's ``reclaim_wait_s`` runs out, while a team under its guarantee
-waits). All events at one instant are applied before the core is asked, so a burst of
-arrivals costs one pass.
+needs time to pass, a tick (the moment a possible victim of a reclaim reaches the minimum run
+time, or a queued job that may reclaim reaches its ``reclaim_wait_s``; each pass plans the
+next one anew, ``_plan_tick``). All events at one instant are applied before the core is
+asked, so a burst of arrivals costs one pass.
 
 The simulator holds no policy of its own: whatever the core decides is applied as is, and
 checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
@@ -239,11 +239,17 @@ class Replay:
         self._user_usage: dict[tuple[str, str], float] = {}
         self._completions: list[tuple[float, int, str, int]] = []
         self._stops: list[tuple[float, int, str, int]] = []
-        self._ticks: list[float] = []
-        # (when its reclaim_wait_s runs out, job id) of queued jobs: a job that waits for room
-        # rather than reclaim reclaims then, so a pass must run at that moment.
-        self._patience: list[tuple[float, str]] = []
-        self._tick_times: set[float] = set()
+        # The one tick the latest pass planned (``_plan_tick``); every pass plans it anew, so
+        # a tick planned for a state that has changed since never causes a pass.
+        self._tick: float | None = None
+        self._again = False  # pass again at this instant (a victim stopped at once)
+        # Per (team, GPU units asked), (when its reclaim_wait_s runs out, job id) of queued
+        # jobs: a job that waits for room rather than reclaim reclaims then, so a pass must
+        # run at that moment if it could reclaim (its team stays within its guarantee).
+        self._patience: dict[tuple[str, float], list[tuple[float, str]]] = {}
+        # (started at, job id) of the jobs started less than min_run_time_s ago, oldest first:
+        # the only running jobs that may still become victims later (``_plan_tick``).
+        self._recent: deque[tuple[float, str]] = deque()
         self._seq = 0
         self._clock = jobs[0].submit_s if jobs else 0.0
         self._failed: list[str] = []
@@ -275,7 +281,7 @@ class Replay:
             self._finish_completions(now)
             self._stop_victims(now)
             next_arrival = self._admit_arrivals(now, next_arrival)
-            self._pop_ticks(now)
+            self._pop_tick(now)
             self._pass(now)
         return self._result()
 
@@ -287,8 +293,10 @@ class Replay:
             candidates.append(self._completions[0][0])
         if self._stops:
             candidates.append(self._stops[0][0])
-        if self._ticks:
-            candidates.append(self._ticks[0])
+        if self._tick is not None:
+            candidates.append(self._tick)
+        if self._again:
+            candidates.append(self._clock)
         return min(candidates) if candidates else None
 
     def _advance_usage(self, now: float) -> None:
@@ -334,13 +342,18 @@ class Replay:
             next_arrival += 1
         return next_arrival
 
-    def _pop_ticks(self, now: float) -> None:
-        while self._ticks and self._ticks[0] <= now:
-            self._tick_times.discard(heapq.heappop(self._ticks))
+    def _pop_tick(self, now: float) -> None:
+        self._again = False
+        if self._tick is not None and self._tick <= now:
+            self._tick = None
+            self._tick_count += 1
 
     # --- one scheduling pass ---------------------------------------------------------------
 
     def _pass(self, now: float) -> None:
+        # Whatever tick an earlier pass planned, this instant's pass plans anew: the state it
+        # was planned for may have changed.
+        self._tick = None
         if not self._pending:
             return
         explain = self._record_etas and bool(self._unseen)
@@ -414,34 +427,79 @@ class Replay:
         )
 
     def _plan_tick(self, now: float) -> None:
-        """Tick when the next reclaimable job reaches the minimum run time, or a queued job's
-        ``reclaim_wait_s`` runs out (it may reclaim then instead of waiting for room), if that
-        matters."""
-        if not self._pending or not self._reclaim_on() or not self._team_waits_under_guarantee():
-            return
-        patience = self._patience
-        while patience and (patience[0][0] <= now or patience[0][1] not in self._pending):
-            heapq.heappop(patience)
-        min_run = self._config.min_run_time_s
-        eligible_at = [
-            r.started_at + min_run
-            for r in self._running.values()
-            if r.preempting_since is None
-            and r.started_at + min_run > now
-            and (r.borrowed or self._held[r.job.team] > self._teams[r.job.team].guaranteed_gpus)
-        ]
-        if patience:
-            eligible_at.append(patience[0][0])
-        if not eligible_at:
-            return
-        self._add_tick(min(eligible_at), counted=True)
+        """Tick at the first moment a reclaim that cannot happen now may become possible with
+        no other event in between: a running job that may become a victim reaches the
+        minimum run time, or a queued job that may reclaim reaches its ``reclaim_wait_s``
+        (it may reclaim then instead of waiting for room).
 
-    def _add_tick(self, at: float, *, counted: bool) -> None:
-        if at in self._tick_times:
+        Until the next event nothing else changes, so only these can: a reclaim needs a job
+        that keeps its team within its guarantee (``_reclaimers``), and a victim of another
+        team that borrows now (counted with its jobs being stopped, a superset of the core's
+        rule), that is preemptible and did not start past ``max_wait_s`` (such a job is
+        never a victim: ``scheduler.preempt``). Ticks for anything else could change no
+        decision, so none are planned.
+        """
+        if not self._pending or not self._reclaim_on():
             return
-        self._tick_times.add(at)
-        heapq.heappush(self._ticks, at)
-        self._tick_count += counted
+        reclaimers = self._reclaimers()
+        if not reclaimers:
+            return
+        eligible_at = [self._next_victim_at(now, reclaimers)]
+        eligible_at.extend(self._patience_ends(now, reclaimers))
+        at = min((t for t in eligible_at if t is not None), default=None)
+        if at is not None:
+            self._tick = at
+
+    def _reclaimers(self) -> dict[str, float]:
+        """Teams with a queued job that keeps them within their guarantee: the units of
+        guarantee each has left."""
+        out = {}
+        for team, sizes in self._queued_sizes.items():
+            if not sizes:
+                continue
+            left = self._teams[team].guaranteed_gpus - self._held[team]
+            if min(sizes) <= left + 1e-9:
+                out[team] = left
+        return out
+
+    def _next_victim_at(self, now: float, reclaimers: Mapping[str, float]) -> float | None:
+        """When the first running job that may become a victim of a reclaim by one of
+        ``reclaimers`` reaches the minimum run time (None: none will before an event)."""
+        min_run = self._config.min_run_time_s
+        recent = self._recent
+        while recent and recent[0][0] + min_run <= now:
+            recent.popleft()
+        max_wait = self._config.max_wait_s
+        for started_at, job_id in recent:
+            running = self._running.get(job_id)
+            if running is None or running.started_at != started_at:
+                continue  # finished or stopped since (or started again)
+            job = running.job
+            team = job.team
+            if running.preempting_since is not None or not job.preemptible:
+                continue
+            if self._held[team] <= self._teams[team].guaranteed_gpus + 1e-9:
+                continue  # its team borrows nothing now
+            if not any(other != team for other in reclaimers):
+                continue  # only its own team could reclaim, and never from itself
+            if max_wait is not None and started_at - queued_at(job) >= max_wait:
+                continue
+            return started_at + min_run  # the oldest such start reaches it first
+        return None
+
+    def _patience_ends(self, now: float, reclaimers: Mapping[str, float]) -> list[float]:
+        """For each (team, size) that could reclaim, when the first queued job's
+        ``reclaim_wait_s`` still to come runs out."""
+        out = []
+        for (team, units), heap in self._patience.items():
+            left = reclaimers.get(team)
+            if left is None or units > left + 1e-9:
+                continue
+            while heap and (heap[0][0] <= now or heap[0][1] not in self._pending):
+                heapq.heappop(heap)
+            if heap:
+                out.append(heap[0][0])
+        return out
 
     # --- applying decisions -------------------------------------------------------------
 
@@ -466,7 +524,7 @@ class Replay:
         live = self._live[job_id]
         if grace <= 0:  # stops at once, so its slices are free for this pass's assignments
             self._requeue_victim(job_id, now)
-            self._add_tick(now, counted=False)  # and another pass now may use what it freed
+            self._again = True  # and another pass now may use what it freed
             return
         self._running[job_id] = replace(running, preempting_since=now)
         self._seq += 1
@@ -483,6 +541,7 @@ class Replay:
         live.units = units
         node = self._owner_node(slice_ids)
         self._running[job_id] = RunningJob(job, node, slice_ids, now, borrowed=borrowed)
+        self._recent.append((now, job_id))
         live.segments.append(Segment(now, now, False))  # end filled in on release
         team, user_key = job.team, (job.team, job.user)
         self._held[team] += units
@@ -543,7 +602,8 @@ class Replay:
         self._pending[job.id] = job
         wait = self._config.reclaim_wait_s
         if wait is not None and self._reclaim_on():
-            heapq.heappush(self._patience, (queued_at(job) + wait, job.id))
+            key = (job.team, self._live[job.id].asks_units)
+            heapq.heappush(self._patience.setdefault(key, []), (queued_at(job) + wait, job.id))
         self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
         self._user_usage.setdefault((job.team, job.user), 0.0)
 

@@ -130,3 +130,27 @@ def test_each_trace_gets_the_four_targets_met_or_not() -> None:
     alone = philly.trace_targets([_report("fairshare", 1.0, 0.9, 0.5, None)])
     assert [c["met"] for c in alone] == [False, None, False, None]
     assert "not run" in philly.render_targets(alone)
+
+
+def test_make_bench_replays_philly_and_the_own_traces_with_durations_shown_and_hidden() -> None:
+    tasks = philly.bench_tasks("jobs.csv", (512, 400))
+    on_philly = {(t.gpus, t.policy, t.durations) for t in tasks if t.label == "philly"}
+    assert on_philly == {
+        (gpus, policy, durations)
+        for gpus in (512, 400)
+        for policy in ("fairshare", "fifo_backfill", "private")
+        for durations in ("shown", "hidden")
+    }
+    own = {(t.label, t.durations) for t in tasks if t.label != "philly"}
+    assert own == {(name, d) for name in philly.OWN_TRACES for d in ("shown", "hidden")}
+    full = philly.bench_tasks("jobs.csv", (512, 400), full=True, traces=False)
+    assert {t.policy for t in full} == {"fairshare", "fifo", "fifo_backfill", "private"}
+
+
+def test_each_durations_mode_gets_its_own_targets_and_column() -> None:
+    shown = _report("fairshare", 100.0, 0.96, 0.79, True)
+    hidden = {**_report("fairshare", 120.0, 0.90, 0.79, True), "durations": "hidden"}
+    names = [c["target"] for c in philly.trace_targets([shown, hidden])]
+    assert "t @ 64 GPUs: jain_waiting >= 0.95" in names
+    assert "t @ 64 GPUs, durations hidden: jain_waiting >= 0.95" in names
+    assert philly.column(hidden) == "fairshare@64/hidden"

@@ -168,3 +168,51 @@ def _guarantee_first_standin(
         for j in snapshot.pending
     )
     return reclaim_standin(replace(snapshot, pending=favoured), now=now, config=config)
+
+
+def _pass_times(
+    jobs: list[TraceJob],
+    config: SchedulerConfig,
+    teams: dict[str, int],
+    schedule=_guarantee_first_standin,  # noqa: ANN001 - any ScheduleFn
+) -> tuple[list[float], SimResult]:
+    times: list[float] = []
+
+    def recording(snapshot: Snapshot, /, *, now: float, config: SchedulerConfig) -> Decisions:
+        times.append(now)
+        return schedule(snapshot, now=now, config=config)
+
+    result = run(jobs, 8, config=config, teams=teams, schedule=recording)
+    return times, result
+
+
+def test_a_tick_planned_for_a_victim_that_finished_since_causes_no_pass() -> None:
+    # b1 (within b's guarantee) waits for a's borrowed jobs to reach min_run_time (60 s):
+    # a1 would at t=60, but it ends at t=30 while 4 GPUs stay free. Only a2's tick (t=65)
+    # can change anything: it preempts a2, which stops at t=95; b1 runs 95..195.
+    jobs = [
+        job("a1", 4, 0, 30, "a"),
+        job("a2", 4, 5, 1000, "a"),
+        job("b1", 8, 10, 100, "b"),
+    ]
+    config = replace(FAIRSHARE, reclaim_wait_s=None)
+    times, result = _pass_times(jobs, config, {"a": 0, "b": 8})
+    assert times == [0, 5, 10, 30, 65, 95, 195]
+    assert by_id(result)["b1"].segments == (Segment(95, 195, False),)
+    assert by_id(result)["a2"].segments == (Segment(5, 95, True), Segment(195, 1195, False))
+    assert result.ticks == 1
+
+
+def test_the_reclaim_wait_of_a_job_that_can_never_reclaim_causes_no_pass() -> None:
+    # c1 is larger than c's whole guarantee: it would borrow, and borrowing never preempts,
+    # so its reclaim_wait_s running out (t=3601) changes nothing. b1, within b's guarantee,
+    # waits behind it (the stand-in is FIFO): its own reclaim_wait_s (t=3602) is a tick, as
+    # is t=60, when a1 (borrowing) reaches the minimum run time.
+    jobs = [
+        job("a1", 4, 0, 100_000, "a"),
+        job("c1", 8, 1, 10, "c"),
+        job("b1", 4, 2, 10, "b"),
+    ]
+    config = replace(FAIRSHARE, reclaim_wait_s=3600.0)
+    times, _ = _pass_times(jobs, config, {"a": 0, "b": 4, "c": 0}, reclaim_standin)
+    assert times[:5] == [0, 1, 2, 60, 3602]
