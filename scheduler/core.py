@@ -252,7 +252,8 @@ class Cycle:
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
         if verdict is not None:
-            self.left.append(Left(job, verdict.code, verdict.numbers, c, verdict=verdict))
+            # (positional: most of a long queue takes this path)
+            self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
@@ -285,13 +286,17 @@ class Cycle:
         that end before it."""
         index = self.index
         job = c.job
-        ends = None if job.time_limit_s is None else self.now + job.time_limit_s
-        usable = [
-            r
-            for r in self.reservations
-            if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
-        ]
-        if index.total_free(c.pools) + sum(len(r.set_aside) for r in usable) < c.minimum:
+        usable: list[Reservation] = []
+        free = index.total_free(c.pools)
+        if self.reservations:
+            ends = None if job.time_limit_s is None else self.now + job.time_limit_s
+            usable = [
+                r
+                for r in self.reservations
+                if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
+            ]
+            free += sum(len(r.set_aside) for r in usable)
+        if free < c.minimum:
             return None  # the common case once the cluster is full: nothing to look at
         back = [give_back(index, r) for r in usable]
         placement = index.find(
