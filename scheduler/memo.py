@@ -140,14 +140,14 @@ class PassMemo:
             else:
                 key = (*key, *[r.lets(ends) for r in reservations])
         pools = c.pools
-        versions = self._pool_version
-        stamp = (
-            self._version,
-            self._team_version.get(c.job.team, 0),
-            versions.get(pools[0], 0)
-            if len(pools) == 1
-            else tuple(versions.get(p, 0) for p in pools),
-        )
+        get = self._pool_version.get
+        if len(pools) == 1:
+            pooled: object = get(pools[0], 0)
+        elif len(pools) == 2:  # (a whole GPU of any model: one pool per model)
+            pooled = (get(pools[0], 0), get(pools[1], 0))
+        else:
+            pooled = tuple([get(p, 0) for p in pools])
+        stamp = (self._version, self._team_version.get(c.job.team, 0), pooled)
         verdicts = self._verdicts
         if verdicts is not None:
             found = verdicts.get(key)
