@@ -142,7 +142,6 @@ class Cycle:
         self.placed: list[Placed] = []
         self.placed_teams: set[str] = set()
         self.reservations: list[Reservation] = []
-        self.memo = PassMemo(caches, now, self.reservations)
         # Reservations made in the second and first rounds (of all classes): each round kind
         # reserves for its own first blocked job, so work within guarantees cannot take the
         # reservation from a long-waiting job that borrows.
@@ -173,6 +172,7 @@ class Cycle:
             weights=self.config.model_weights,
         )
         self.held = held_list
+        self.memo = PassMemo(self.config.caches, self.now, self.reservations, self.ledger)
         self.index = FreeIndex(self.shape, holders)
         self.timeline = Timeline.of_held(self.index, held_list)
         self.start_largest = {
@@ -257,7 +257,7 @@ class Cycle:
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
-            self.wait(c, *allowed).verdict = self.memo.keep_verdict(key, stamp, allowed)
+            self.wait(c, *allowed).verdict = self.memo.keep_verdict(c, key, stamp, allowed)
             return
         cap = None if allowed == math.inf else int((allowed + EPS) / c.unit)
         placement = self._place(c, cap)
@@ -277,7 +277,7 @@ class Cycle:
         # holds only for jobs alike queued after the time ``waiting_after`` says.
         after = self.preemption.waiting_after
         self.wait(c, *why).verdict = self.memo.keep_verdict(
-            key, stamp, why, queued_after=-math.inf if after is None else after
+            c, key, stamp, why, queued_after=-math.inf if after is None else after
         )
 
     def _place(self, c: Candidate, cap: int | None) -> Placement | None:
