@@ -329,14 +329,23 @@ class Estimator:
         if found is not None:
             return found
         counts = self._free_counts(pool)
-        level = sum(counts.values()) if multi_node else max(counts.values(), default=0)
-        levels = [(level, self._now)]
-        for end, node, _, items in self._timeline.events(pool):
-            counts[node] = counts.get(node, 0) + len(items)
-            new = level + len(items) if multi_node else max(level, counts[node])
-            if new > level:
-                level = new
-                levels.append((level, max(end, self._now)))
+        now = self._now
+        levels = [(sum(counts.values()) if multi_node else max(counts.values(), default=0), now)]
+        level = levels[0][0]
+        append = levels.append
+        # (one loop per kind, with no calls per end: it meets every held slice's end)
+        if multi_node:
+            for end, _, _, items in self._timeline.events(pool):
+                if items:
+                    level += len(items)
+                    append((level, end if end >= now else now))
+        else:
+            get = counts.get
+            for end, node, _, items in self._timeline.events(pool):
+                count = counts[node] = get(node, 0) + len(items)
+                if count > level:
+                    level = count
+                    append((level, end if end >= now else now))
         if self._remember:
             cache[pool] = levels
         return levels

@@ -142,7 +142,6 @@ class Cycle:
         self.placed: list[Placed] = []
         self.placed_teams: set[str] = set()
         self.reservations: list[Reservation] = []
-        self.memo = PassMemo(caches, now, self.reservations)
         # Reservations made in the second and first rounds (of all classes): each round kind
         # reserves for its own first blocked job, so work within guarantees cannot take the
         # reservation from a long-waiting job that borrows.
@@ -173,6 +172,7 @@ class Cycle:
             weights=self.config.model_weights,
         )
         self.held = held_list
+        self.memo = PassMemo(self.config.caches, self.now, self.reservations, self.ledger)
         self.index = FreeIndex(self.shape, holders)
         self.timeline = Timeline.of_held(self.index, held_list)
         self.start_largest = {
@@ -252,11 +252,12 @@ class Cycle:
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
         if verdict is not None:
-            self.left.append(Left(job, verdict.code, verdict.numbers, c, verdict=verdict))
+            # (positional: most of a long queue takes this path)
+            self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
-            self.wait(c, *allowed).verdict = self.memo.keep_verdict(key, stamp, allowed)
+            self.wait(c, *allowed).verdict = self.memo.keep_verdict(c, key, stamp, allowed)
             return
         cap = None if allowed == math.inf else int((allowed + EPS) / c.unit)
         placement = self._place(c, cap)
@@ -276,7 +277,7 @@ class Cycle:
         # holds only for jobs alike queued after the time ``waiting_after`` says.
         after = self.preemption.waiting_after
         self.wait(c, *why).verdict = self.memo.keep_verdict(
-            key, stamp, why, queued_after=-math.inf if after is None else after
+            c, key, stamp, why, queued_after=-math.inf if after is None else after
         )
 
     def _place(self, c: Candidate, cap: int | None) -> Placement | None:
@@ -285,13 +286,17 @@ class Cycle:
         that end before it."""
         index = self.index
         job = c.job
-        ends = None if job.time_limit_s is None else self.now + job.time_limit_s
-        usable = [
-            r
-            for r in self.reservations
-            if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
-        ]
-        if index.total_free(c.pools) + sum(len(r.set_aside) for r in usable) < c.minimum:
+        usable: list[Reservation] = []
+        free = index.total_free(c.pools)
+        if self.reservations:
+            ends = None if job.time_limit_s is None else self.now + job.time_limit_s
+            usable = [
+                r
+                for r in self.reservations
+                if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
+            ]
+            free += sum(len(r.set_aside) for r in usable)
+        if free < c.minimum:
             return None  # the common case once the cluster is full: nothing to look at
         back = [give_back(index, r) for r in usable]
         placement = index.find(

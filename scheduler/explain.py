@@ -42,6 +42,7 @@ from scheduler.quota import EPS, Blocked, Held, Numbers
 from scheduler.runtimes import end_band, run_band
 
 _Known = tuple[Reason, float | None]  # an explained reason and estimated start
+_Fits = tuple[float | None, float | None, float | None]  # earliest, likely, latest fit
 # A job placed in this pass: its units, and when it ends at the latest (None: unknown).
 Placed = tuple[Job, float, float | None]
 
@@ -286,6 +287,9 @@ class Explainer:
         pending: list[Pending] = []
         append = pending.append
         reserved = PendingCode.RESERVED
+        # (earliest, likely, latest) fit per request (``Cache.ESTIMATES``), by the identity of
+        # its pools, which the candidates keep alive through the pass.
+        fits_of: dict[tuple[int, int, bool, bool], _Fits] = {}
         for position, ((entry, reason, eta), handles) in enumerate(
             zip(explained, booked, strict=True), start=1
         ):
@@ -302,15 +306,26 @@ class Explainer:
             pools, need, spread = c.pools, c.minimum, job.request.multi_node
             likely = likely_starts[handles[0]]
             latest = likely if handles[1] < 0 else latest_starts[handles[1]]
-            if code is reserved:
-                earliest = reserved_fit.earliest(pools, need, spread)
-                likely_fit_at = latest_fit_at = earliest
-            elif known_history:
-                earliest = early_fit.earliest(pools, need, spread)
-                likely_fit_at = likely_fit.earliest(pools, need, spread)
-                latest_fit_at = latest_fit.earliest(pools, need, spread)
-            else:  # one time line: one fit
-                earliest = likely_fit_at = latest_fit_at = early_fit.earliest(pools, need, spread)
+            # The fits depend on the request alone (its pools are one object per distinct
+            # request): one look-up per request and kind of fit, not per job.
+            fit_key = (id(pools), need, spread, code is reserved)
+            fit = fits_of.get(fit_key)
+            if fit is None:
+                if code is reserved:
+                    earliest = reserved_fit.earliest(pools, need, spread)
+                    fit = (earliest, earliest, earliest)
+                elif known_history:
+                    fit = (
+                        early_fit.earliest(pools, need, spread),
+                        likely_fit.earliest(pools, need, spread),
+                        latest_fit.earliest(pools, need, spread),
+                    )
+                else:  # one time line: one fit
+                    earliest = early_fit.earliest(pools, need, spread)
+                    fit = (earliest, earliest, earliest)
+                if remember:
+                    fits_of[fit_key] = fit
+            earliest, likely_fit_at, latest_fit_at = fit
             # (``later`` written out: this runs for every pending job)
             if pools and pools[0][0] is MPS:  # (not planned: the earliest fit)
                 likely, latest = likely_fit_at, latest_fit_at

@@ -9,11 +9,15 @@ version of everything, of the job's team and of each of its pools. An answer is 
 while its stamp still matches.
 
 - ``Cache.VERDICTS``: a job that could not start leaves its verdict (reason code and
-  numbers) under its key: its shape (team; member when the team limits members; pools;
-  minimum count; class when classes may preempt; multi-node) plus which of the pass's
-  reservations it may use (by its time limit). The next job with that key takes the verdict
-  at once. Most of a long queue takes this path. (A job that waited for room rather than
-  reclaim leaves a verdict only for jobs queued after a time: ``Verdict.queued_after``.)
+  numbers) under its key: its shape (team; pools; minimum count; class when classes may
+  preempt; multi-node) plus which of the pass's reservations it may use (by its time limit).
+  The next job with that key takes the verdict at once. Most of a long queue takes this
+  path. (A job that waited for room rather than reclaim leaves a verdict only for jobs
+  queued after a time: ``Verdict.queued_after``.) In a team with member limits the members
+  share it too: a quota or budget verdict holds for all of them, one reached after the
+  member check (it fitted nowhere) for each member whose own limit leaves room then
+  (``Verdict.member_checked``), and a MEMBER_LIMIT verdict is kept apart, under the key
+  and its member.
 - ``Cache.WHY_NOT``: why a job fits nowhere (no fit, below fair share, behind a reservation)
   depends on its team, its request and the state, not on its user, class or time limit:
   one answer per (team, request), shared by the jobs that differ only there.
@@ -57,7 +61,7 @@ from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache
 from scheduler.model import PendingCode, Reason
 from scheduler.order import Candidate, queued_at
-from scheduler.quota import Blocked, Numbers
+from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
 Key = tuple[object, ...]
 Stamp = tuple[int, int, object]
@@ -80,15 +84,24 @@ class Verdict:
     # (``scheduler.preempt``), which a job queued earlier would not, its ``reclaim_wait_s``
     # running out before the room comes.
     queued_after: float = -math.inf
+    # In a team with member limits, a verdict reached after the member check (it fitted
+    # nowhere) holds for every member whose limit leaves room. (A team's quota or budget
+    # holds for all of its members; a MEMBER_LIMIT verdict is kept for its member alone.)
+    member_checked: bool = False
 
 
 class PassMemo:
     """The caches of one pass (see the module docstring for what each keeps and when)."""
 
     def __init__(
-        self, caches: frozenset[Cache], now: float, reservations: Sequence[Reservation]
+        self,
+        caches: frozenset[Cache],
+        now: float,
+        reservations: Sequence[Reservation],
+        ledger: Ledger,
     ) -> None:
         self._now = now
+        self._ledger = ledger  # the pass's, as it changes (a member's room, for verdicts)
         self._reservations = reservations  # the pass's, as it makes them (part of every key)
         self._verdicts: dict[Key, tuple[Stamp, Verdict]] | None = (
             {} if Cache.VERDICTS in caches else None
@@ -140,32 +153,51 @@ class PassMemo:
             else:
                 key = (*key, *[r.lets(ends) for r in reservations])
         pools = c.pools
-        versions = self._pool_version
-        stamp = (
-            self._version,
-            self._team_version.get(c.job.team, 0),
-            versions.get(pools[0], 0)
-            if len(pools) == 1
-            else tuple(versions.get(p, 0) for p in pools),
-        )
+        get = self._pool_version.get
+        if len(pools) == 1:
+            pooled: object = get(pools[0], 0)
+        elif len(pools) == 2:  # (a whole GPU of any model: one pool per model)
+            pooled = (get(pools[0], 0), get(pools[1], 0))
+        else:
+            pooled = tuple([get(p, 0) for p in pools])
+        stamp = (self._version, self._team_version.get(c.job.team, 0), pooled)
         verdicts = self._verdicts
         if verdicts is not None:
             found = verdicts.get(key)
             if found is not None and found[0] == stamp:
                 kept = found[1]
-                if kept.queued_after == -math.inf or queued_at(c.job) > kept.queued_after:
+                taken = kept.queued_after == -math.inf or queued_at(c.job) > kept.queued_after
+                if taken and kept.member_checked:
+                    taken = not isinstance(member_room(c, self._ledger), tuple)
+                if taken:
                     return key, stamp, kept
+            if c.team.limits_members():  # its member's own limit, if that is what stops it
+                found = verdicts.get((*key, c.job.user))
+                if found is not None and found[0] == stamp:
+                    return key, stamp, found[1]
         return key, stamp, None
 
     def keep_verdict(
-        self, key: Key, stamp: Stamp, verdict: Blocked, *, queued_after: float = -math.inf
+        self,
+        c: Candidate,
+        key: Key,
+        stamp: Stamp,
+        verdict: Blocked,
+        *,
+        queued_after: float = -math.inf,
     ) -> Verdict | None:
-        """Remember ``verdict`` under ``key`` and ``stamp``, for the jobs queued after
-        ``queued_after``; the record the jobs that take it will share (None with
-        ``Cache.VERDICTS`` off)."""
+        """Remember ``c``'s ``verdict`` under ``key`` and ``stamp``, for the jobs queued after
+        ``queued_after`` (and, in a team with member limits, the members it holds for); the
+        record the jobs that take it will share (None with ``Cache.VERDICTS`` off)."""
         if self._verdicts is None:
             return None
         kept = Verdict(*verdict, queued_after=queued_after)
+        if c.team.limits_members():
+            code = verdict[0]
+            if code is PendingCode.MEMBER_LIMIT:
+                key = (*key, c.job.user)  # (beside the verdict its team mates share)
+            elif code is not PendingCode.QUOTA_LIMIT and code is not PendingCode.BUDGET_EXHAUSTED:
+                kept.member_checked = True  # (room's checks passed: it fitted nowhere)
         self._verdicts[key] = (stamp, kept)
         return kept
 

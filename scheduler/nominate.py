@@ -85,11 +85,11 @@ class Nominator:
             numbers = {"needs": info.minimum, "largest_node": info.largest_node}
             self.parked.append(Left(job, PendingCode.NO_MATCHING_SLICES, numbers))
             return None
-        user = job.user if team.limits_members() else ""
         # The class matters to a verdict only when it may preempt by class; leaving it out
         # otherwise lets jobs of all classes share verdicts (half as many misses).
         by_class = rank if self._by_class else 0
-        shape = (job.team, user, info.pools, info.minimum, by_class, request.multi_node)
+        # (no member: a verdict records which members it holds for, ``scheduler.memo``)
+        shape = (job.team, info.pools, info.minimum, by_class, request.multi_node)
         return Candidate(job, team, rank, info.pools, info.unit, info.minimum, request.count, shape)
 
     def _dependency(self, job: Job) -> str | None | bool:

@@ -112,14 +112,25 @@ def room(c: Candidate, ledger: Ledger) -> float | Blocked:
         if used + needs > team.limit + EPS:
             return (PendingCode.QUOTA_LIMIT, {"used": used, "limit": team.limit, "needs": needs})
         left = team.limit - used
+    member = member_room(c, ledger)
+    if isinstance(member, tuple):
+        return member
+    return left if member == math.inf else min(left, member)
+
+
+def member_room(c: Candidate, ledger: Ledger) -> float | Blocked:
+    """Units ``c``'s member limit leaves its member (``math.inf``: no member limit), or
+    MEMBER_LIMIT when it leaves less than ``c``'s minimum (``room``'s last check)."""
+    team, job = c.team, c.job
     member_limit = team.limit_of(job.user)
-    if member_limit is not None:
-        used = ledger.user.get((job.team, job.user), 0.0)
-        if used + needs > member_limit + EPS:
-            mine: Numbers = {"used": used, "limit": member_limit, "needs": needs}
-            return (PendingCode.MEMBER_LIMIT, mine)
-        left = min(left, member_limit - used)
-    return left
+    if member_limit is None:
+        return math.inf
+    used = ledger.user.get((job.team, job.user), 0.0)
+    needs = c.minimum * c.unit
+    if used + needs > member_limit + EPS:
+        mine: Numbers = {"used": used, "limit": member_limit, "needs": needs}
+        return (PendingCode.MEMBER_LIMIT, mine)
+    return member_limit - used
 
 
 def over_limit(c: Candidate, placement: Placement, ledger: Ledger) -> Blocked | None:
