@@ -11,7 +11,7 @@ import base64
 import binascii
 import codecs
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -23,6 +23,8 @@ from rest_framework.pagination import BasePagination
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
+
+from portal.compiled_queries import compiled_rows
 
 # The largest value a bigint column holds: an offset beyond it cannot reach a row.
 BIGINT_MAX = 2**63 - 1
@@ -119,6 +121,35 @@ class NewestFirstPagination(BasePagination):
     allowed_cursor = "the cursor of a page's next or previous link"
 
     def paginate_queryset(self, queryset: QuerySet[Any], request: Any, view: Any = None) -> Any:
+        after = self._read_request(request)
+        return self._keep(list(self._page_query(queryset, after)), after=after)
+
+    def paginate_compiled(
+        self,
+        *,
+        key: Hashable,
+        build: Callable[[Sequence[Any]], QuerySet[Any]],
+        values: Sequence[Any],
+        request: Any,
+    ) -> list[dict[str, Any]]:
+        """``paginate_queryset(build(values))`` for a ``values()`` queryset, with its SQL
+        compiled once per ``key``, walking direction and page size
+        (``portal.compiled_queries``); the cursor's time and id are values of the shape."""
+        after = self._read_request(request)
+        count = len(values)
+
+        def page(all_values: Sequence[Any]) -> QuerySet[Any]:
+            at = None if after is None else (after[0], all_values[count], all_values[count + 1])
+            return self._page_query(build(all_values[:count]), at)
+
+        rows = compiled_rows(
+            key=(key, None if after is None else after[0], self.limit),
+            build=page,
+            values=[*values, *(() if after is None else after[1:])],
+        )
+        return self._keep(rows, after=after)
+
+    def _read_request(self, request: Any) -> tuple[bool, datetime, int] | None:
         self.request = request
         if self.offset_query_param in request.query_params:
             # An old client paging by offset would get the first page again and again.
@@ -129,11 +160,16 @@ class NewestFirstPagination(BasePagination):
                 }
             )
         self.limit = self.get_limit(request)
-        after = self.decode_cursor(request)
+        return self.decode_cursor(request)
+
+    def _page_query(
+        self, queryset: QuerySet[Any], after: tuple[bool, datetime, int] | None
+    ) -> QuerySet[Any]:
+        """The page's rows and one more (there is a next page when it comes back)."""
         time_field, id_field = self.ordering
         newest_first = (f"-{time_field}", f"-{id_field}")
         if after is None:
-            backwards, rows = False, queryset.order_by(*newest_first)
+            rows = queryset.order_by(*newest_first)
         else:
             backwards, at, pk = after
             if backwards:  # the page before: the rows just newer than the cursor, oldest first
@@ -146,7 +182,10 @@ class NewestFirstPagination(BasePagination):
                     **{time_field: at, f"{id_field}__lt": pk}
                 )
                 rows = queryset.filter(older).order_by(*newest_first)
-        page = list(rows[: self.limit + 1])
+        return rows[: self.limit + 1]
+
+    def _keep(self, page: list[Any], *, after: tuple[bool, datetime, int] | None) -> list[Any]:
+        backwards = after is not None and after[0]
         more = len(page) > self.limit
         page = page[: self.limit]
         if backwards:
