@@ -26,6 +26,7 @@ plain dicts, converted as the ORM converts them (the backend's and the fields' c
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -97,6 +98,15 @@ def compiled_rows(
     if compiled is None:
         return list(build(values))
     return compiled.rows(values)
+
+
+def with_pk(instance: Any, pk: Any) -> Any:
+    """A copy of ``instance`` (a model instance, such as the requesting user) with ``pk`` for
+    its primary key: what ``build`` filters by when the instance's id is a value of the
+    shape."""
+    copied = copy.copy(instance)
+    copied.pk = pk
+    return copied
 
 
 def forget_compiled() -> None:

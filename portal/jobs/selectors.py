@@ -3,7 +3,6 @@ jobs hold now: a team's overview and its usage including its running holds."""
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from django.db.models import Count, Func, IntegerField, Q, QuerySet, Sum
 from portal.accounting.models import UsageBalance
 from portal.accounting.selectors import budget_period_start, gpu_hours_in_period
 from portal.accounting.usage import balance_at, hold_charge
+from portal.compiled_queries import with_pk
 from portal.jobs.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -78,8 +78,7 @@ class JobListShape:
     name_contains: str
 
     def build(self, values: Sequence[Any]) -> QuerySet[Job]:
-        user = copy.copy(self.user)
-        user.pk = values[0]
+        user = with_pk(self.user, values[0])
         states = None if self.states is None else list(values[1 : 1 + len(self.states)])
         rest = list(values[1 + len(self.states or ()) :])
         team = rest.pop(0) if isinstance(self.team, str) else self.team
