@@ -508,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--worker-processes",
         type=int,
-        help="control worker processes (default: one per core, at most 8, as runportal on "
+        help="control worker processes (default: one per two cores, 1 to 8, as runportal on "
         "PostgreSQL)",
     )
     parser.add_argument(

@@ -132,17 +132,19 @@ def _gunicorn_version_flags() -> list[str]:
 
 def control_worker_processes(*, sqlite: bool, cores: int | None = None) -> int:
     """The control-plane worker processes: one on SQLite (one writer at a time anyway);
-    otherwise one per core, at most 8.
+    otherwise one per two cores, at least one and at most 8.
 
     A scheduling pass, its dispatch (building and signing the launches) and the agents'
     report batches are mostly Python work, and the threads of one process run one at a time:
     in one process, the reports of a burst of launches waited for the dispatch of the others.
     Every process consumes the same queues; the pass is safe to ask of any of them (one runs
-    at a time, under the scheduling lock) and every report handler is idempotent.
+    at a time, under the scheduling lock) and every report handler is idempotent. Half the
+    cores, not all: the web workers need the rest. On the 2-core machine a second process
+    admitted faster but halved the submits' rate (README, "API throughput").
     """
     if sqlite:
         return 1
-    return min(8, max(1, cores if cores is not None else (os.cpu_count() or 1)))
+    return min(8, max(1, (cores if cores is not None else (os.cpu_count() or 1)) // 2))
 
 
 def control_worker_threads(*, sqlite: bool, cores: int | None = None) -> int:

@@ -11,15 +11,15 @@ def test_sqlite_gets_one_control_worker_of_two_threads_whatever_the_cores() -> N
         assert processes.control_worker_threads(sqlite=True, cores=cores) == 2
 
 
-def test_postgres_gets_one_control_worker_per_core_up_to_eight() -> None:
+def test_postgres_gets_one_control_worker_per_two_cores_up_to_eight() -> None:
     sizes = {
         cores: (
             processes.control_worker_processes(sqlite=False, cores=cores),
             processes.control_worker_threads(sqlite=False, cores=cores),
         )
-        for cores in (1, 2, 4, 8, 16)
+        for cores in (1, 2, 4, 8, 16, 32)
     }
-    assert sizes == {1: (1, 4), 2: (2, 4), 4: (4, 4), 8: (8, 4), 16: (8, 4)}
+    assert sizes == {1: (1, 4), 2: (1, 8), 4: (2, 8), 8: (4, 4), 16: (8, 4), 32: (8, 4)}
 
 
 def test_each_control_worker_has_its_own_child_and_celery_name() -> None:
