@@ -25,7 +25,8 @@ any status but the one expected, is counted and reported as an error).
 
 Prints req/s, p50 and p99 for each, and admissions/s; writes them under ``"api"`` in
 bench/results.json (the other keys kept). Options: ``--duration``, ``--warmup``, ``--connections``,
-``--threads`` (wrk), ``--web-workers``, ``--web-threads``, ``--worker-threads``, ``--nodes``, ``--history``, ``--users``, ``--out``.
+``--threads`` (wrk), ``--web-workers``, ``--web-threads``, ``--worker-threads``,
+``--worker-processes``, ``--nodes``, ``--history``, ``--users``, ``--out``.
 ``--admissions-only`` runs phase 1 alone (no wrk needed; no web server started) and writes
 it under ``"api_admissions"``; with a small ``--nodes`` it is a quick check.
 """
@@ -108,6 +109,7 @@ def run(
     web_workers: int | None = None,
     web_threads: int = 4,
     worker_threads: int | None = None,
+    worker_processes: int | None = None,
     admissions_only: bool = False,
 ) -> dict[str, Any]:
     import django
@@ -131,12 +133,14 @@ def run(
     if not admissions_only:
         _require_wrk()
     threads_of_worker = worker_threads or processes.control_worker_threads(sqlite=False)
+    worker_processes = worker_processes or processes.control_worker_processes(sqlite=False)
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cpus": os.cpu_count(),
         "web_workers": web_workers or processes.web_workers_for_cores(),
         "web_threads": web_threads,
         "control_worker_threads": threads_of_worker,
+        "control_worker_processes": worker_processes,
         "wrk": {
             "duration_s": duration_s,
             "warmup_s": warmup_s,
@@ -163,6 +167,7 @@ def run(
             web_workers=web_workers,  # None: sized from the cores, as runportal does
             web_threads=web_threads,
             worker_concurrency=threads_of_worker,
+            control_workers=worker_processes,
             schedule_interval_s=settings.SCHEDULE_INTERVAL_S,
             # The fake agents send no heartbeats after registering: no lease may run out here.
             env={"PORTAL_AGENT_LEASE_S": "3600"},
@@ -497,7 +502,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--worker-threads",
         type=int,
-        help="control worker threads (default: 4 per core, 4 to 16, as runportal on PostgreSQL)",
+        help="threads per control worker process (default: as runportal on PostgreSQL, "
+        "4 per core over all processes, at least 4 a process)",
+    )
+    parser.add_argument(
+        "--worker-processes",
+        type=int,
+        help="control worker processes (default: one per two cores, 1 to 8, as runportal on "
+        "PostgreSQL)",
     )
     parser.add_argument(
         "--admissions-only",
@@ -517,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
         web_workers=args.web_workers,
         web_threads=args.web_threads,
         worker_threads=args.worker_threads,
+        worker_processes=args.worker_processes,
         admissions_only=args.admissions_only,
     )
     key = "api_admissions" if args.admissions_only else "api"

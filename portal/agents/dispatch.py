@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from portal.agents.keys import node_keys
 from portal.agents.models import Dispatch
 from portal.agents.trust import seal_for
+from portal.bulk import insert_rows
 from portal.celery import app
 from portal.cluster.models import Node
 from portal.jobs.attempts import attempt_end
@@ -452,34 +451,13 @@ def recently_sent(kind: str, jobs: list[tuple[int, int]], since: datetime) -> se
 
 
 def record_dispatch(kind: str, sent: Sequence[tuple[int, int]], now: datetime) -> None:
-    """Remember when each (job, attempt) was last sent a ``kind`` message."""
+    """Remember when each (job, attempt) was last sent a ``kind`` message: one upsert (a new
+    row, or the existing one's last send time and one more send)."""
     if not sent:
         return
-    with transaction.atomic():
-        for start in range(0, len(sent), _CHUNK):
-            chunk = sent[start : start + _CHUNK]
-            wanted = set(chunk)
-            existing = {
-                (job_id, attempt): pk
-                for pk, job_id, attempt in Dispatch.objects.filter(
-                    kind=kind, job_id__in=[job_id for job_id, _ in chunk]
-                ).values_list("pk", "job_id", "attempt")
-                if (job_id, attempt) in wanted
-            }
-            if existing:
-                Dispatch.objects.filter(pk__in=existing.values()).update(
-                    last_sent_at=now, sends=F("sends") + 1
-                )
-            Dispatch.objects.bulk_create(
-                [
-                    Dispatch(
-                        job_id=job_id,
-                        attempt=attempt,
-                        kind=kind,
-                        first_sent_at=now,
-                        last_sent_at=now,
-                    )
-                    for job_id, attempt in wanted - set(existing)
-                ],
-                ignore_conflicts=True,
-            )
+    insert_rows(
+        Dispatch,
+        ("job", "attempt", "kind", "first_sent_at", "last_sent_at", "sends"),
+        [(job_id, attempt, kind, now, now, 1) for job_id, attempt in dict.fromkeys(sent)],
+        on_conflict=(("job", "attempt", "kind"), ("last_sent_at",), ("sends",)),
+    )

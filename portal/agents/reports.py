@@ -24,6 +24,7 @@ from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMe
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
+from portal.compiled_queries import compiled_rows
 from portal.jobs.attempts import (
     AttemptStarted,
     attempt_finish,
@@ -136,13 +137,20 @@ def record_reports(batch: Reports, *, now: datetime) -> Ack:
     for report in batch.reports:
         unique.setdefault(report.report_key().as_tuple(), report)
     reports = list(unique.values())
-    placed = set(
-        Allocation.objects.filter(
-            job_id__in={r.job_id for r in reports}, slice__gpu__node__name=batch.node
+    # SQL compiled once per number of jobs (portal.compiled_queries): every batch asks.
+    job_ids = sorted({r.job_id for r in reports})
+    placed = {
+        (row["job_id"], row["attempt"])
+        for row in compiled_rows(
+            key=("attempts-placed-on-node", len(job_ids)),
+            build=lambda values: (
+                Allocation.objects.filter(job_id__in=values[1:], slice__gpu__node__name=values[0])
+                .values("job_id", "attempt")
+                .distinct()
+            ),
+            values=[batch.node, *job_ids],
         )
-        .values_list("job_id", "attempt")
-        .distinct()
-    )
+    }
     ours = []
     for report in reports:
         if (report.job_id, report.attempt) in placed:

@@ -11,9 +11,10 @@ import base64
 import binascii
 import codecs
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
+from urllib import parse
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -22,7 +23,8 @@ from rest_framework.exceptions import ParseError, ValidationError
 from rest_framework.pagination import BasePagination
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
-from rest_framework.utils.urls import remove_query_param, replace_query_param
+
+from portal.compiled_queries import compiled_rows
 
 # The largest value a bigint column holds: an offset beyond it cannot reach a row.
 BIGINT_MAX = 2**63 - 1
@@ -119,6 +121,35 @@ class NewestFirstPagination(BasePagination):
     allowed_cursor = "the cursor of a page's next or previous link"
 
     def paginate_queryset(self, queryset: QuerySet[Any], request: Any, view: Any = None) -> Any:
+        after = self._read_request(request)
+        return self._keep(list(self._page_query(queryset, after)), after=after)
+
+    def paginate_compiled(
+        self,
+        *,
+        key: Hashable,
+        build: Callable[[Sequence[Any]], QuerySet[Any]],
+        values: Sequence[Any],
+        request: Any,
+    ) -> list[dict[str, Any]]:
+        """``paginate_queryset(build(values))`` for a ``values()`` queryset, with its SQL
+        compiled once per ``key``, walking direction and page size
+        (``portal.compiled_queries``); the cursor's time and id are values of the shape."""
+        after = self._read_request(request)
+        count = len(values)
+
+        def page(all_values: Sequence[Any]) -> QuerySet[Any]:
+            at = None if after is None else (after[0], all_values[count], all_values[count + 1])
+            return self._page_query(build(all_values[:count]), at)
+
+        rows = compiled_rows(
+            key=(key, None if after is None else after[0], self.limit),
+            build=page,
+            values=[*values, *(() if after is None else after[1:])],
+        )
+        return self._keep(rows, after=after)
+
+    def _read_request(self, request: Any) -> tuple[bool, datetime, int] | None:
         self.request = request
         if self.offset_query_param in request.query_params:
             # An old client paging by offset would get the first page again and again.
@@ -129,11 +160,16 @@ class NewestFirstPagination(BasePagination):
                 }
             )
         self.limit = self.get_limit(request)
-        after = self.decode_cursor(request)
+        return self.decode_cursor(request)
+
+    def _page_query(
+        self, queryset: QuerySet[Any], after: tuple[bool, datetime, int] | None
+    ) -> QuerySet[Any]:
+        """The page's rows and one more (there is a next page when it comes back)."""
         time_field, id_field = self.ordering
         newest_first = (f"-{time_field}", f"-{id_field}")
         if after is None:
-            backwards, rows = False, queryset.order_by(*newest_first)
+            rows = queryset.order_by(*newest_first)
         else:
             backwards, at, pk = after
             if backwards:  # the page before: the rows just newer than the cursor, oldest first
@@ -146,7 +182,10 @@ class NewestFirstPagination(BasePagination):
                     **{time_field: at, f"{id_field}__lt": pk}
                 )
                 rows = queryset.filter(older).order_by(*newest_first)
-        page = list(rows[: self.limit + 1])
+        return rows[: self.limit + 1]
+
+    def _keep(self, page: list[Any], *, after: tuple[bool, datetime, int] | None) -> list[Any]:
+        backwards = after is not None and after[0]
         more = len(page) > self.limit
         page = page[: self.limit]
         if backwards:
@@ -175,10 +214,15 @@ class NewestFirstPagination(BasePagination):
         pk = row[id_field] if isinstance(row, Mapping) else getattr(row, id_field)
         position = {"d": "prev" if backwards else "next", "t": at.isoformat(), "i": pk}
         cursor = base64.urlsafe_b64encode(json.dumps(position).encode()).decode().rstrip("=")
-        url = self.request.build_absolute_uri()
-        url = replace_query_param(url, self.cursor_query_param, cursor)
-        url = replace_query_param(url, self.limit_query_param, self.limit)
-        return remove_query_param(url, self.offset_query_param)
+        # What DRF's replace_query_param (twice) and remove_query_param would make of the
+        # request's URL, with the URL taken apart once instead of three times.
+        scheme, netloc, path, query, fragment = parse.urlsplit(self.request.build_absolute_uri())
+        params = parse.parse_qs(query, keep_blank_values=True)
+        params[self.cursor_query_param] = [cursor]
+        params[self.limit_query_param] = [str(self.limit)]
+        params.pop(self.offset_query_param, None)
+        query = parse.urlencode(sorted(params.items()), doseq=True)
+        return parse.urlunsplit((scheme, netloc, path, query, fragment))
 
     def get_limit(self, request: Any) -> int:
         raw = request.query_params.get(self.limit_query_param)

@@ -46,6 +46,7 @@ from portal.jobs.models import Job, JobDependency, JobEvent, JobState
 from portal.jobs.selectors import (
     job_get_for_user,
     job_list_for_user,
+    job_list_shape,
     job_log,
     job_log_after,
     job_slices,
@@ -181,8 +182,21 @@ class JobListView(PortalAPIView, GenericAPIView):
         responses={200: JobSummarySerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
-        # Only the columns the summary shows, as plain rows (no model instances).
-        page = self.paginate_queryset(self.get_queryset().values(*JOB_SUMMARY_COLUMNS))
+        # Only the columns the summary shows, as plain rows (no model instances), from SQL
+        # compiled once per shape of request (portal/compiled_queries.py).
+        shape = job_list_shape(
+            user=request.user,
+            state=_states_param(request),
+            team=_team_param(request),
+            mine=_mine_param(request),
+            name_contains=request.query_params.get("q", "").strip(),
+        )
+        page = self.paginator.paginate_compiled(
+            key=("api-job-summaries", shape.key),
+            build=lambda values: shape.build(values).values(*JOB_SUMMARY_COLUMNS),
+            values=shape.values,
+            request=request,
+        )
         return self.get_paginated_response([job_summary_data(row) for row in page])
 
     @extend_schema(

@@ -4,7 +4,7 @@ jobs hold now: a team's overview and its usage including its running holds."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -14,6 +14,7 @@ from django.db.models import Count, Func, IntegerField, Q, QuerySet, Sum
 from portal.accounting.models import UsageBalance
 from portal.accounting.selectors import budget_period_start, gpu_hours_in_period
 from portal.accounting.usage import balance_at, hold_charge
+from portal.compiled_queries import with_pk
 from portal.jobs.models import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -24,7 +25,7 @@ from portal.jobs.models import (
 )
 from portal.policy import scheduler_config
 from portal.tenants.models import Membership, Team
-from portal.tenants.selectors import teams_for_user
+from portal.tenants.selectors import is_site_admin, teams_for_user
 from scheduler.units import billed_units
 
 
@@ -54,6 +55,75 @@ def job_list_for_user(
     if name_contains:
         jobs = jobs.filter(name__icontains=name_contains)
     return jobs
+
+
+@dataclass(frozen=True)
+class JobListShape:
+    """``job_list_for_user``'s arguments split the way ``portal.compiled_queries`` takes them,
+    so a list's SQL is compiled once per shape: ``key`` holds what decides the SQL (whether the
+    user sees every team, which filters are on, how many states), ``values`` what only fills
+    its parameters (the user's id, the states, the team's name), and ``build(values)`` is
+    ``job_list_for_user`` itself called with those values.
+
+    Whatever ``job_list_for_user`` decides from its arguments beyond their values belongs in
+    ``key``: change one with the other.
+    """
+
+    key: tuple[Any, ...]
+    values: tuple[Any, ...]
+    user: Any
+    states: tuple[str, ...] | None
+    team: Team | str | None
+    mine: bool
+    name_contains: str
+
+    def build(self, values: Sequence[Any]) -> QuerySet[Job]:
+        user = with_pk(self.user, values[0])
+        states = None if self.states is None else list(values[1 : 1 + len(self.states)])
+        rest = list(values[1 + len(self.states or ()) :])
+        team = rest.pop(0) if isinstance(self.team, str) else self.team
+        name_contains = rest.pop(0) if self.name_contains else ""
+        return job_list_for_user(
+            user=user, state=states, team=team, mine=self.mine, name_contains=name_contains
+        )
+
+
+def job_list_shape(
+    *,
+    user: Any,
+    state: str | Iterable[str] | None = None,
+    team: Team | str | None = None,
+    mine: bool = False,
+    name_contains: str = "",
+) -> JobListShape:
+    """``job_list_for_user(user=..., ...)`` as a ``JobListShape``."""
+    states = None if not state else ((state,) if isinstance(state, str) else tuple(state))
+    key = (
+        "job_list_for_user",
+        bool(getattr(user, "is_authenticated", False)),
+        is_site_admin(user),
+        None if states is None else len(states),
+        team.pk if isinstance(team, Team) else team is None,
+        mine,
+        bool(name_contains),
+    )
+    values = (
+        getattr(user, "pk", None),
+        *(states or ()),
+        *((team,) if isinstance(team, str) else ()),
+        # A value still, though the LIKE pattern made of it is none the cache can fill: so
+        # that shape is found uncacheable rather than compiled with one search in it.
+        *((name_contains,) if name_contains else ()),
+    )
+    return JobListShape(
+        key=key,
+        values=values,
+        user=user,
+        states=states,
+        team=team,
+        mine=mine,
+        name_contains=name_contains,
+    )
 
 
 def job_get_for_user(*, user: Any, job_id: int) -> Job:

@@ -18,8 +18,10 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from portal.compiled_queries import compiled_rows
 from portal.jobs.models import NOTIFY_EVENTS, Job, JobState
 from portal.jobs.transitions import StateChange
 from portal.notify.models import Delivery, NotificationSettings, TeamWebhook
@@ -81,9 +83,12 @@ def plan_deliveries(changes: Sequence[StateChange]) -> list[int]:
     """Write the deliveries ``changes`` make (once each, however often a change is told);
     return the new ones' ids. One query reads who wants what, whatever the number of changes;
     then one insert per delivery."""
+    candidates = _jobs_with_preferences(sorted({change.job_id for change in changes}))
+    if not candidates:
+        return []
     jobs = {
         job.pk: job
-        for job in Job.objects.filter(pk__in={c.job_id for c in changes}).select_related(
+        for job in Job.objects.filter(pk__in=candidates).select_related(
             "team__webhook", "user__notification_settings"
         )
     }
@@ -126,6 +131,27 @@ def plan_deliveries(changes: Sequence[StateChange]) -> list[int]:
                 continue  # this change was told before: its delivery exists
             created.append(delivery.pk)
     return created
+
+
+def _jobs_with_preferences(job_ids: Sequence[int]) -> list[int]:
+    """Those of ``job_ids`` that could make a delivery at all: the job has its own list of
+    events, its owner has notification settings, or its team a webhook. Without any of them
+    nobody asked for anything (``NotificationSettings``' events are none by default).
+
+    Every job a node starts passes through here; most have none of them, and this query
+    (SQL compiled once per number of jobs: ``portal.compiled_queries``) spares them reading
+    the jobs, their teams, owners and settings as model instances."""
+    rows = compiled_rows(
+        key=("notify-candidates", len(job_ids)),
+        build=lambda ids: Job.objects.filter(
+            Q(notify__isnull=False)
+            | Q(user__notification_settings__isnull=False)
+            | Q(team__webhook__isnull=False),
+            pk__in=ids,
+        ).values("id"),
+        values=job_ids,
+    )
+    return [row["id"] for row in rows]
 
 
 def _webhook_of(team: Team) -> TeamWebhook | None:

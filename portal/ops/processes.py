@@ -130,31 +130,58 @@ def _gunicorn_version_flags() -> list[str]:
     return ["--no-control-socket"] if hasattr(config, "ControlSocketDisable") else []
 
 
+def control_worker_processes(*, sqlite: bool, cores: int | None = None) -> int:
+    """The control-plane worker processes: one on SQLite (one writer at a time anyway);
+    otherwise one per two cores, at least one and at most 8.
+
+    A scheduling pass, its dispatch (building and signing the launches) and the agents'
+    report batches are mostly Python work, and the threads of one process run one at a time:
+    in one process, the reports of a burst of launches waited for the dispatch of the others.
+    Every process consumes the same queues; the pass is safe to ask of any of them (one runs
+    at a time, under the scheduling lock) and every report handler is idempotent. Half the
+    cores, not all: the web workers need the rest. On the 2-core machine a second process
+    admitted faster but halved the submits' rate (README, "API throughput").
+    """
+    if sqlite:
+        return 1
+    return min(8, max(1, (cores if cores is not None else (os.cpu_count() or 1)) // 2))
+
+
 def control_worker_threads(*, sqlite: bool, cores: int | None = None) -> int:
-    """The control worker's threads: 2 on SQLite (one writer at a time anyway); otherwise 4
-    per core (at least 4, at most 16), since a report's handling spends most of its time
-    waiting on the database, and more reports in flight keep up with more agents."""
+    """The threads of each control worker process: 2 on SQLite (one writer at a time
+    anyway); otherwise 4 per core over all processes (at least 4 a process, 16 in all at most
+    where that allows), since a report's handling spends most of its time waiting on the
+    database, and more reports in flight keep up with more agents."""
     if sqlite:
         return 2
-    return min(16, max(4, 4 * (cores if cores is not None else (os.cpu_count() or 1))))
+    total = min(16, max(4, 4 * (cores if cores is not None else (os.cpu_count() or 1))))
+    return max(4, total // control_worker_processes(sqlite=False, cores=cores))
 
 
 def control_worker_spec(
-    *, instance: str, concurrency: int, env: Mapping[str, str], loglevel: str = "INFO"
+    *,
+    instance: str,
+    concurrency: int,
+    env: Mapping[str, str],
+    loglevel: str = "INFO",
+    index: int = 1,
 ) -> ChildSpec:
     """The control-plane worker: scheduling passes and agent reports (queue `control`), and
     heartbeats (the agents' leases) on their own queue: see workers.protocol.LEASE_QUEUE.
 
     A thread pool (``control_worker_threads`` says how many): it works with SQLite and starts
-    in a second, with no forked children to clean up.
+    in a second, with no forked children to clean up. ``index`` numbers the processes when
+    there are several (``control_worker_processes``): the first is "worker", the next
+    "worker-2" and so on, each with a Celery node name of its own.
     """
+    suffix = "" if index == 1 else f"-{index}"
     argv = _worker_argv(
         queues="control.lease,control",
         concurrency=concurrency,
-        hostname=f"control-{instance}@%h",
+        hostname=f"control{suffix}-{instance}@%h",
         loglevel=loglevel,
     )
-    return ChildSpec(name="worker", argv=argv, env=env)
+    return ChildSpec(name=f"worker{suffix}", argv=argv, env=env)
 
 
 def lease_worker_spec(

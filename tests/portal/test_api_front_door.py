@@ -87,7 +87,7 @@ def test_an_unexpected_exception_is_a_json_500_and_its_traceback_is_logged(world
     request_log.addHandler(collect)
     try:
         with mock.patch(
-            "portal.api.views.job_list_for_user", side_effect=RuntimeError("the selector broke")
+            "portal.api.views.job_list_shape", side_effect=RuntimeError("the selector broke")
         ):
             response = alice.get("/api/v1/jobs/")
     finally:

@@ -3,10 +3,12 @@ broker failure."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.utils import timezone
 
-from portal.agents.dispatch import request_stop, send_launch, send_launches
+from portal.agents.dispatch import record_dispatch, request_stop, send_launch, send_launches
 from portal.agents.models import Dispatch
 from portal.agents.testing import capture_sent_messages, register_node
 from portal.celery import app
@@ -116,4 +118,25 @@ def test_a_node_whose_agent_takes_batches_gets_its_launches_in_one_message():
     ]
     assert set(Dispatch.objects.values_list("job_id", flat=True)) == {
         pk for pks in jobs.values() for pk in pks
+    }
+
+
+def test_record_dispatch_keeps_the_first_send_and_counts_the_others():
+    team, user = make_team("vision"), make_user("alice")
+    job = make_job(team=team, user=user, state=JobState.ASSIGNED)
+    other = make_job(team=team, user=user, state=JobState.ASSIGNED)
+    first = timezone.now() - timedelta(minutes=5)
+    later = first + timedelta(minutes=2)
+    record_dispatch("launch", [(job.pk, 1)], first)
+    record_dispatch("launch", [(job.pk, 1), (other.pk, 1), (job.pk, 1)], later)
+    record_dispatch("stop", [(job.pk, 1)], later)
+
+    rows = {
+        (row.job_id, row.kind): (row.first_sent_at, row.last_sent_at, row.sends)
+        for row in Dispatch.objects.filter(attempt=1)
+    }
+    assert rows == {
+        (job.pk, "launch"): (first, later, 2),
+        (other.pk, "launch"): (later, later, 1),
+        (job.pk, "stop"): (later, later, 1),
     }

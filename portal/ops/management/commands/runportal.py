@@ -159,16 +159,17 @@ class Command(BaseCommand):
 
         # Celery's own lines come every couple of seconds (each pass, each heartbeat): only
         # warnings by default; the portal's own log lines (job submitted, ...) still show.
-        supervisor.start(
-            processes.control_worker_spec(
-                instance="local",
-                concurrency=processes.control_worker_threads(
-                    sqlite=connections["default"].vendor == "sqlite"
-                ),
-                env=env,
-                loglevel=celery_loglevel,
+        sqlite = connections["default"].vendor == "sqlite"
+        for index in range(1, processes.control_worker_processes(sqlite=sqlite) + 1):
+            supervisor.start(
+                processes.control_worker_spec(
+                    instance="local",
+                    concurrency=processes.control_worker_threads(sqlite=sqlite),
+                    env=env,
+                    loglevel=celery_loglevel,
+                    index=index,
+                )
             )
-        )
         supervisor.start(
             processes.lease_worker_spec(instance="local", env=env, loglevel=celery_loglevel)
         )
