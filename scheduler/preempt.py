@@ -234,11 +234,7 @@ class Preemption:
             if run.preempting_since is None:
                 if not run.job.preemptible or run.started_at > oldest:
                     continue
-                if starved and config.preempt_by_priority:
-                    # It started past the maximum wait, and starving jobs go before every
-                    # class (``FairShareRules.rounds``): requeued, it would take its room
-                    # back at once (a loop) and void the bound. Without preemption by class
-                    # it goes after the work within guarantees, and reclaim may take it.
+                if starved and never_victim_once_starved(config):
                     continue
                 by_reclaim = (
                     config.reclaim
@@ -444,6 +440,14 @@ class Preemptor:
                     by_node.setdefault(node_of[item.id], []).append(item)
         claimed = self.claim_soon([pool], team, need, multi_node) or []
         return Choice(victims, claimed)
+
+
+def never_victim_once_starved(config: SchedulerConfig) -> bool:
+    """Whether a job that started past ``max_wait_s`` is no victim at all. With preemption by
+    class, yes: starving jobs go before every class (``FairShareRules.rounds``), so requeued
+    it would take its room back at once (a loop) and void the bound. Without it, starving
+    jobs that borrow go after the work within guarantees, and reclaim may take it (last)."""
+    return config.preempt_by_priority
 
 
 def _waited(run: RunningJob) -> float:

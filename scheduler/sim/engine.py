@@ -50,6 +50,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.order import queued_at
+from scheduler.preempt import never_victim_once_starved
 from scheduler.runtimes import RECENT_RUNS, run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
 from scheduler.sim.records import JobRecord, Segment
@@ -435,9 +436,9 @@ class Replay:
         Until the next event nothing else changes, so only these can: a reclaim needs a job
         that keeps its team within its guarantee (``_reclaimers``), and a victim of another
         team that borrows now (counted with its jobs being stopped, a superset of the core's
-        rule), that is preemptible and did not start past ``max_wait_s`` (such a job is
-        never a victim: ``scheduler.preempt``). Ticks for anything else could change no
-        decision, so none are planned.
+        rule), that is preemptible and not exempt for having started past ``max_wait_s``
+        (``scheduler.preempt.never_victim_once_starved``). Ticks for anything else could
+        change no decision, so none are planned.
         """
         if not self._pending or not self._reclaim_on():
             return
@@ -482,7 +483,11 @@ class Replay:
                 continue  # its team borrows nothing now
             if not any(other != team for other in reclaimers):
                 continue  # only its own team could reclaim, and never from itself
-            if max_wait is not None and started_at - queued_at(job) >= max_wait:
+            if (
+                max_wait is not None
+                and started_at - queued_at(job) >= max_wait
+                and never_victim_once_starved(self._config)
+            ):
                 continue
             return started_at + min_run  # the oldest such start reaches it first
         return None
