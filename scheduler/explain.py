@@ -39,7 +39,7 @@ from scheduler.model import (
 )
 from scheduler.order import Candidate, FairShare, leading_teams
 from scheduler.quota import EPS, Blocked, Held, Numbers
-from scheduler.runtimes import end_band, run_band
+from scheduler.runtimes import end_band, run_band, running_runs
 
 _Known = tuple[Reason, float | None]  # an explained reason and estimated start
 _Fits = tuple[float | None, float | None, float | None]  # earliest, likely, latest fit
@@ -149,6 +149,9 @@ class Explainer:
         self._leaders = leading_teams(fair, placed_teams, 2) if config.explain else []
         self._by_team_ends: dict[str, list[tuple[float, float, str]]] = {}
         self._run_times = run_times
+        # The median time run so far of the running jobs of each user and shape
+        # (``_timelines``; ``runtimes.running_runs``).
+        self._running_runs: Mapping[str, float] = {}
         self._assigned = assigned  # the Assign of each placed job, in the order of ``placed``
         self._reservations = reservations
 
@@ -272,7 +275,7 @@ class Explainer:
             # quota, array: held back until ``eta`` (from the limits)
             not_before = eta if code in _HELD_BACK and eta is not None else now
             if known_history:
-                _, run_likely, run_latest = run_band(job, history)
+                _, run_likely, run_latest = run_band(job, history, self._running_runs)
             else:
                 run_likely = run_latest = job.time_limit_s
             spread = job.request.multi_node
@@ -361,17 +364,20 @@ class Explainer:
             return self._timeline, self._timeline, self._timeline
         now = self._now
         ends: tuple[list[tuple[float | None, Sequence[Slice]]], ...] = ([], [], [])
+        ran: list[tuple[Job, float]] = []
         for run, slices, _, end in self._held:
             if run.preempting_since is not None:
                 band: tuple[float | None, ...] = (end, end, end)  # the end of its grace
             else:
                 band = end_band(run.job, run.started_at, now, history)
+                ran.append((run.job, now - run.started_at))
             for line, at in zip(ends, band, strict=True):
                 line.append((at, slices))
+        self._running_runs = running_runs(ran)
         by_id = self._index.shape.slice_by_id
         for (job, _, _), assign in zip(self._placed, self._assigned, strict=True):
             taken = [by_id[i] for i in assign.slice_ids]
-            for line, run_s in zip(ends, run_band(job, history), strict=True):
+            for line, run_s in zip(ends, run_band(job, history, self._running_runs), strict=True):
                 line.append((None if run_s is None else now + run_s, taken))
         early, likely, latest = (Timeline(self._index, line) for line in ends)
         return early, likely, latest

@@ -147,18 +147,37 @@ def _summaries(groups: Mapping[str, list[float]]) -> Mapping[str, RunTime]:
 Band = tuple[float | None, float | None, float | None]
 
 
-def run_band(job: Job, history: RunTimes) -> Band:
+def run_band(job: Job, history: RunTimes, running: Mapping[str, float] | None = None) -> Band:
     """How long ``job`` will run: earliest, likely and latest, in seconds.
 
     With a time limit the latest is the limit and history may only shorten the others; with
-    history and no limit, its 10th, 50th and 90th percentiles; with neither, unknown."""
+    history and no limit, its 10th, 50th and 90th percentiles; with neither, unknown. The
+    likely run is never shorter than the same user's jobs of its shape running now have run
+    so far (the median, ``running``, from ``running_runs``): a new series of longer jobs
+    shows there before any of it has finished."""
     limit = job.time_limit_s
     past = history_of(history, job)
     if past is None:
         return (limit, limit, limit)
+    likely = past.median_s
+    if running:
+        now_running = running.get(user_key(job.team, job.user, shape_of_job(job)))
+        if now_running is not None and now_running > likely:
+            likely = now_running
     if limit is None:
-        return (past.p10_s, past.median_s, past.p90_s)
-    return (min(limit, past.p10_s), min(limit, past.median_s), limit)
+        return (min(past.p10_s, likely), likely, max(past.p90_s, likely))
+    return (min(limit, past.p10_s, likely), min(limit, likely), limit)
+
+
+def running_runs(runs: Iterable[tuple[Job, float]]) -> dict[str, float]:
+    """The median time run so far (seconds) of the running jobs of each user and shape, from
+    (job, time run) pairs, for ``run_band``. (What they have run, not their likely runs:
+    the jobs running at any moment are the longer ones, and their likely ends, past the
+    history, say more than any of them is known to run.)"""
+    by_key: dict[str, list[float]] = {}
+    for job, run_s in runs:
+        by_key.setdefault(user_key(job.team, job.user, shape_of_job(job)), []).append(run_s)
+    return {key: percentile(sorted(values), 0.5) for key, values in by_key.items()}
 
 
 def end_band(job: Job, started_at: float, now: float, history: RunTimes) -> Band:

@@ -146,6 +146,30 @@ def test_history_keeps_the_most_recent_runs_of_each_key() -> None:
         assert (past.samples, past.p10_s, past.p90_s) == (RECENT_RUNS, 500.0, 500.0)
 
 
+@pytest.mark.parametrize(
+    ("past_runs", "likely"),
+    [
+        # r (1 h limit) has run 1000 s, past every run of its shape: it likely ends halfway
+        # between now and its limit, at 2300. "first" starts then; "second" waits for it,
+        # which runs at least as long as r has run, 1000 s, not the 200 s of the history.
+        ((100.0, 200.0, 300.0), {"first": 2300.0, "second": 3300.0}),
+        # r's shape ran 2000 to 3500 s: r, 1000 s in, likely runs the median, 3000 s; so
+        # does "first" (r has run less than that).
+        ((2000.0, 3000.0, 3500.0), {"first": 3000.0, "second": 6000.0}),
+    ],
+)
+def test_a_queued_job_runs_at_least_as_long_as_its_users_alike_jobs_running_now(
+    past_runs: tuple[float, ...], likely: dict[str, float]
+) -> None:
+    held = job("r", "b", user="x", limit=HOUR)
+    first = job("first", "b", user="x", at=1.0, limit=HOUR)
+    second = job("second", "b", user="x", at=2.0, limit=HOUR)
+    snap = snapshot([whole_node("n0", gpus=1)], [first, second], [running(held, ["n0-g0"])])
+    history = run_times_from([(job("h", "b", user="x", limit=HOUR), ran) for ran in past_runs])
+    pending = decide(replace(snap, run_times=history), backfill=False).pending
+    assert {p.job_id: p.eta for p in pending} == pytest.approx(likely)
+
+
 def test_the_queue_ahead_is_booked_for_its_likely_run_times() -> None:
     # One GPU, free at 2000 (r's limit). "first" runs 1 h by its limit, 10 min by history;
     # "second" waits behind it: likely 2000 + 600, latest 2000 + 3600.
