@@ -205,7 +205,7 @@ class Explainer:
                     if alike is not None:
                         alike[key] = known
                 reason, eta = known
-            elif c is None or entry.eta_known or c.job.request.multi_node:
+            elif c is None or entry.eta_known:
                 reason, eta = self._explain_one(entry, estimator)
             else:
                 code = entry.code
@@ -213,7 +213,9 @@ class Explainer:
                 team = c.job.team
                 if code is PendingCode.NO_FIT and not any(p[0] is MPS for p in c.pools):
                     team = ""  # what is free, and when, is the same for every team
-                key = (code, team, user, c.pools, c.minimum, *entry.numbers.values())
+                # (a multi-node gang's estimate is when the pool, not one node, has room)
+                spread = c.job.request.multi_node
+                key = (code, team, user, c.pools, c.minimum, spread, *entry.numbers.values())
                 known = alike.get(key) if alike is not None else None
                 if known is None:
                     known = self._explain_one(entry, estimator)
