@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import io
 import os
-import pstats
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench.api_cpu import print_profile
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -50,10 +50,7 @@ def _timed(label: str, work: Callable[[], Any], *, profile: bool) -> dict[str, f
         flush=True,
     )
     if profiler is not None:
-        for order in ("cumulative", "tottime"):
-            text = io.StringIO()
-            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(30)
-            print(text.getvalue())
+        print_profile(profiler)
     return figures
 
 
@@ -65,12 +62,13 @@ def run(*, nodes: int = 250, profile: bool = False) -> dict[str, Any]:
 
     from bench.api import GPUS_PER_NODE, _build_world
     from bench.db_pass import scratch_database
+    from bench.fake_agents import answer_launches
     from portal.agents.tasks import agent_report
     from portal.agents.testing import capture_sent_messages
     from portal.jobs.services import jobs_submit
     from portal.scheduling.service import run_schedule_pass
-    from workers.protocol import TASK_LAUNCH, Launch, Launches, Started, report_batches
-    from workers.signing import message_of, open_envelope, seal, verify_signature
+    from workers.protocol import TASK_LAUNCH, report_batches
+    from workers.signing import open_envelope, seal
 
     results: dict[str, Any] = {"nodes": nodes, "jobs": nodes * GPUS_PER_NODE}
     with scratch_database(SCRATCH_SUFFIX):
@@ -89,20 +87,7 @@ def run(*, nodes: int = 250, profile: bool = False) -> dict[str, Any]:
         envelopes = []
         for body in (message for name, message, _ in sent.sent if name == TASK_LAUNCH):
             envelope = open_envelope(body)
-            verify_signature(envelope, keys[envelope.node])
-            message = message_of(envelope, allowed_types={Launch.TYPE, Launches.TYPE})
-            launches = message.launches if isinstance(message, Launches) else (message,)
-            started = [
-                Started(
-                    node=envelope.node,
-                    job_id=launch.job_id,
-                    attempt=launch.attempt,
-                    started_at=time.time(),
-                    pid=os.getpid(),
-                )
-                for launch in launches
-                if isinstance(launch, Launch)
-            ]
+            _, started = answer_launches(envelope, keys[envelope.node])
             envelopes += [
                 seal(batch, node=envelope.node, key=keys[envelope.node], now=time.time())
                 for batch in report_batches(envelope.node, started)

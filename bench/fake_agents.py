@@ -34,7 +34,13 @@ from workers.protocol import (
     node_queue,
     report_batches,
 )
-from workers.signing import SignatureError, message_of, open_envelope, verify_signature
+from workers.signing import (
+    Envelope,
+    SignatureError,
+    message_of,
+    open_envelope,
+    verify_signature,
+)
 
 
 class FakeAgents:
@@ -117,25 +123,32 @@ class FakeAgents:
             with self._count:
                 self.refused += 1
             return
-        verify_signature(envelope, key)
-        message = message_of(envelope, allowed_types={Launch.TYPE, Launches.TYPE})
-        launches = message.launches if isinstance(message, Launches) else (message,)
+        launches, started = answer_launches(envelope, key)
         with self._count:
-            self.launches += len(launches)
+            self.launches += launches
             self.last_launch_at = time.monotonic()
-        started = [
-            Started(
-                node=envelope.node,
-                job_id=launch.job_id,
-                attempt=launch.attempt,
-                started_at=time.time(),
-                pid=os.getpid(),
-            )
-            for launch in launches
-            if isinstance(launch, Launch)
-        ]
         for batch in report_batches(envelope.node, started):
             senders[envelope.node](batch)
         with self._count:
             self.started_sent += len(started)
             self.last_started_at = time.monotonic()
+
+
+def answer_launches(envelope: Envelope, key: bytes) -> tuple[int, list[Started]]:
+    """What a fake agent answers a signed ``launch`` or ``launches`` message with: the number
+    of launches in it, and a ``started`` report for each, as if every job started at once."""
+    verify_signature(envelope, key)
+    message = message_of(envelope, allowed_types={Launch.TYPE, Launches.TYPE})
+    launches = message.launches if isinstance(message, Launches) else (message,)
+    started = [
+        Started(
+            node=envelope.node,
+            job_id=launch.job_id,
+            attempt=launch.attempt,
+            started_at=time.time(),
+            pid=os.getpid(),
+        )
+        for launch in launches
+        if isinstance(launch, Launch)
+    ]
+    return len(launches), started

@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -451,15 +451,7 @@ class FairShareRules:
             cycle.deferred = []
         rest: dict[int, list[Candidate]] = {}
         for rank in ranks:
-            group = by_rank[rank]
-            inside = self._inside(cycle, group)
-            if inside:
-                cycle.first_round = True
-                yield inside
-                cycle.first_round = False
-            chosen = {id(c) for c in inside}
-            rest[rank] = [c for c in group if id(c) not in chosen] + cycle.deferred
-            cycle.deferred = []
+            rest[rank] = yield from self._first_round(cycle, by_rank[rank])
         if borrowing:
             yield from self._starving(cycle, borrowing)
         for rank in ranks:
@@ -522,14 +514,22 @@ class FairShareRules:
         then everything else. So freed capacity goes to a team under its guarantee before
         any team borrows it; a job the first round finds borrowing after all (its team got
         capacity meanwhile) moves to the second round."""
+        yield (yield from self._first_round(cycle, group))
+
+    def _first_round(
+        self, cycle: Cycle, group: list[Candidate]
+    ) -> Generator[list[Candidate], None, list[Candidate]]:
+        """The round of ``group``'s jobs that keep their team within its guarantee; returns
+        the rest, with the jobs that round found borrowing after all (``cycle.deferred``)."""
         inside = self._inside(cycle, group)
         if inside:
             cycle.first_round = True
             yield inside
             cycle.first_round = False
         chosen = {id(c) for c in inside}
-        yield [c for c in group if id(c) not in chosen] + cycle.deferred
+        rest = [c for c in group if id(c) not in chosen] + cycle.deferred
         cycle.deferred = []
+        return rest
 
     def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
         journal = cycle.fair.journal
