@@ -15,9 +15,12 @@ Two snapshots:
   800 GPUs' worth is free and many teams reclaim at once (a pass of ~1,800 placements and
   ~200 preemptions).
 
-Each call gets new node and slice objects of equal value, as a shell that reads the database
-builds them every pass (so the core's cache of the node list has to compare them with the last
-ones); ``warm_median_ms`` passes the same tuple again, as the simulator does.
+Each call gets new node and slice objects of equal value, as a shell would that built them
+anew from the database every pass (so the core's cache of the node list has to compare them
+with the last ones); ``warm_median_ms`` passes the same tuple again, as the simulator does, and
+as the portal's shell does too while no slice row changed (``portal.scheduling.snapshot``
+keeps the last node tuple and hands it back when the rows are equal). So the cold figure
+overstates the portal's usual pass by that comparison (a few ms).
 
 Every timed pass comes right after a bare greedy first-fit of the same snapshot
 (``greedy_first_fit``: the free slices, then each job in submit order on the first node that
@@ -303,8 +306,8 @@ def greedy_first_fit(snapshot: Snapshot) -> int:
 
 
 def _shell_nodes(nodes: tuple[Node, ...]) -> tuple[Node, ...]:
-    """New node and slice objects of equal value: what a shell that reads the database
-    passes every pass (so a cache of the node list must compare, not just recognise it)."""
+    """New node and slice objects of equal value: what a shell that rebuilt the nodes every
+    pass would pass (so a cache of the node list must compare, not just recognise it)."""
     return tuple(Node(n.name, tuple(replace(s) for s in n.slices), n.schedulable) for n in nodes)
 
 
@@ -403,8 +406,9 @@ def cache_gains(
     for each other) is timed right after a pass with every cache on, and the gain is the
     median of those paired differences (a machine that slows down or speeds up shifts both
     sides of a pair alike), next to the difference of the fastest passes, in CPU time. Cold
-    passes get new node objects of equal value, as the portal's shell does; warm ones pass the
-    same tuple again, as the simulator does."""
+    passes get new node objects of equal value, as the portal's shell does after a slice row
+    changed; warm ones pass the same tuple again, as the simulator does (and the portal while
+    no slice row changed)."""
     variants: dict[str, frozenset[Cache]] = {
         f"{cache.value} off": ALL_CACHES - {cache} for cache in Cache
     }

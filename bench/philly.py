@@ -49,8 +49,9 @@ JAIN_TARGET = 0.95
 # The own traces (scripts/make_traces.py) and the cluster each is written for.
 OWN_TRACES = ("bursty", "big_gangs", "flood_late")
 OWN_TRACE_GPUS = 64
-# Rough cost of each policy's replay, to start the longest first (Philly at 512 GPUs on
-# this machine: fairshare 370 s, FIFO + backfill 734 s, private 153 s).
+# Rough relative cost of each policy's replay, to start the longest first (Philly at 512
+# GPUs before the maximum wait, 2026-11: fairshare 370 s, FIFO + backfill 734 s, private
+# 153 s; with it fair share takes far longer, README "Benchmarks"; only the order matters).
 _COST = {"fifo_backfill": 5.0, "fairshare": 2.5, "fifo": 2.0, "private": 1.0}
 
 _ROWS = (
