@@ -383,15 +383,17 @@ class Preemptor:
         have = self._index.total_free((pool,))
         have += sum(len(items) for items in self.soon.get(pool, {}).values())
         picked: list[Holder] = []
+        taken: set[int] = set()  # ids of ``picked``: a victim on several nodes is met per node
         removed: dict[str, float] = {}  # units picked per team
         for _, _, _, holder in self._merged(pool, team_may):
-            if holder.chosen or any(h is holder for h in picked):
-                continue  # (a victim on several nodes is met once per node)
+            if holder.chosen or id(holder) in taken:
+                continue
             gone = removed.get(holder.team, 0.0)
             if not eligible(holder, team_units.get(holder.team, 0.0) - gone):
                 continue
             removed[holder.team] = gone + holder.units
             picked.append(holder)
+            taken.add(id(holder))
             have += sum(1 for item in holder.slices if slice_pool[item.id] == pool)
             if have >= need:
                 return picked

@@ -413,19 +413,9 @@ class Replay:
             return False
         if self._config.preempt_by_priority:
             return True
-        return self._reclaim_on() and self._team_waits_under_guarantee()
-
-    def _team_waits_under_guarantee(self) -> bool:
-        """Whether some pending job would keep its team within its guarantee.
-
-        Only such a job can make the core reclaim borrowed capacity ("under its guarantee a
-        team always gets capacity"); a job that would take its team above the guarantee
-        borrows, and borrowing never preempts.
-        """
-        return any(
-            sizes and self._held[team] + min(sizes) <= self._teams[team].guaranteed_gpus + 1e-9
-            for team, sizes in self._queued_sizes.items()
-        )
+        # Only a job that keeps its team within its guarantee makes the core reclaim; a job
+        # that borrows never preempts.
+        return self._reclaim_on() and bool(self._reclaimers())
 
     def _plan_tick(self, now: float) -> None:
         """Tick at the first moment a reclaim that cannot happen now may become possible with
