@@ -537,7 +537,7 @@ class Replay:
         node = self._owner_node(slice_ids)
         self._running[job_id] = RunningJob(job, node, slice_ids, now, borrowed=borrowed)
         self._recent.append((now, job_id))
-        live.segments.append(Segment(now, now, False))  # end filled in on release
+        live.segments.append(Segment(now, now, False, slice_ids))  # end filled in on release
         team, user_key = job.team, (job.team, job.user)
         self._held[team] += units
         self._held_by_user[user_key] = self._held_by_user.get(user_key, 0.0) + units
@@ -571,7 +571,7 @@ class Replay:
         for slice_id in running.slice_ids:
             del self._owner[slice_id]
         live = self._live[job_id]
-        live.segments[-1] = Segment(live.segments[-1].start_s, now, preempted)
+        live.segments[-1] = replace(live.segments[-1], end_s=now, preempted=preempted)
         job = running.job
         self._held[job.team] -= live.units
         self._held_by_user[(job.team, job.user)] -= live.units

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from scheduler.runtimes import percentile as quantile
 from scheduler.sim.engine import Estimate
-from scheduler.sim.records import JobRecord
+from scheduler.sim.records import JobRecord, Segment
 
 # The sharing-incentive check: with the shared policy every team's mean wait is at most
 # this factor times its mean wait on a private partition, plus this slack.
@@ -361,12 +361,20 @@ def guarantee_waits(
 ) -> dict[str, float]:
     """Per job, the longest it waited after it headed its team's queue (the oldest pending
     job of its team) while it fitted within the team's guarantee; jobs that never did so
-    while waiting are left out. One user per team: the team's queue is in age order. One
-    sweep per team over its starts, ends and waits, in time order."""
+    while waiting are left out. One user per team: the team's queue is in age order."""
+    return {job_id: wait for job_id, (wait, _) in guarantee_heads(records, guarantees).items()}
+
+
+def guarantee_heads(
+    records: Sequence[JobRecord], guarantees: Mapping[str, float]
+) -> dict[str, tuple[float, float]]:
+    """``guarantee_waits`` with, per job, the time its longest such wait began (when it
+    headed its team's queue within the guarantee). One sweep per team over its starts, ends
+    and waits, in time order."""
     by_team: dict[str, list[JobRecord]] = defaultdict(list)
     for record in records:
         by_team[record.tenant].append(record)
-    out: dict[str, float] = {}
+    out: dict[str, tuple[float, float]] = {}
     for name, mine in by_team.items():
         guarantee = guarantees.get(name, 0.0)
         # (time, change): +units / -units held, or a wait that begins (record, its end).
@@ -377,7 +385,7 @@ def guarantee_waits(
                 held_changes += [(segment.start_s, record.gpus), (segment.end_s, -record.gpus)]
             for begin, end in pending_intervals(record):
                 if begin == end:  # started at once
-                    out.setdefault(record.job_id, 0.0)
+                    out.setdefault(record.job_id, (0.0, begin))
                 else:
                     waits.append((begin, record, end))
         times = sorted({t for t, _ in held_changes} | {w[0] for w in waits} | {w[2] for w in waits})
@@ -402,8 +410,115 @@ def guarantee_waits(
             _, job_id, end, record = queue[0]
             if (job_id, end) not in headed and held + record.gpus <= guarantee + _EPSILON:
                 headed.add((job_id, end))
-                out[job_id] = max(out.get(job_id, 0.0), end - t)
+                if end - t >= out.get(job_id, (0.0, t))[0]:
+                    out[job_id] = (end - t, t)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class GuaranteeOverrun:
+    """The waits within a guarantee over bound 1, by what they faced when the bound ran out
+    (docs/scheduling.md#starvation)."""
+
+    over: int  # waits after heading the team's queue longer than the bound
+    # ... of which reclaim could not have made room when the bound ran out, and the borrowed
+    # jobs it spares for having run past ``reclaim_max_run_s`` would have: an assumption of
+    # bound 1, not a violation of it
+    protected: int
+    worst_unprotected_s: float  # the longest wait over the bound that is not such a case
+
+
+def guarantee_overruns(
+    records: Sequence[JobRecord],
+    guarantees: Mapping[str, float],
+    *,
+    capacity: float,
+    gpus_per_node: int,
+    bound_s: float,
+    reclaim_max_run_s: float | None,
+    min_run_time_s: float,
+) -> GuaranteeOverrun:
+    """Each wait within a guarantee longer than ``bound_s`` after heading its team's queue,
+    looked at the moment the bound ran out (headed + ``bound_s``): *protected* when no node's
+    free GPUs plus the borrowed GPUs reclaim could take there (jobs of teams above their
+    guarantee that had run ``min_run_time_s`` and not ``reclaim_max_run_s``) hold the job,
+    while with the borrowed GPUs reclaim spares for their run time some node would (a gang
+    larger than a node: the same by the whole cluster's GPUs). From the records alone (their
+    segments' slices), whole GPUs; it tells the cases apart, it does not replay the pass."""
+    heads = guarantee_heads(records, guarantees)
+    by_id = {record.job_id: record for record in records}
+    over = [(job_id, wait, at) for job_id, (wait, at) in heads.items() if wait > bound_s + _EPSILON]
+    protected = 0
+    worst = 0.0
+    for job_id, wait, headed in over:
+        if reclaim_max_run_s is not None and _only_protected_room(
+            records,
+            by_id[job_id],
+            guarantees,
+            nodes=round(capacity / gpus_per_node),
+            gpus_per_node=gpus_per_node,
+            when=headed + bound_s,
+            reclaim_max_run_s=reclaim_max_run_s,
+            min_run_time_s=min_run_time_s,
+        ):
+            protected += 1
+        else:
+            worst = max(worst, wait)
+    return GuaranteeOverrun(len(over), protected, worst)
+
+
+def _only_protected_room(
+    records: Sequence[JobRecord],
+    record: JobRecord,
+    guarantees: Mapping[str, float],
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    when: float,
+    reclaim_max_run_s: float,
+    min_run_time_s: float,
+) -> bool:
+    """At ``when``: reclaim could not make room for ``record`` on a node (or, for a gang
+    larger than a node, in the cluster), and would have without ``reclaim_max_run_s``."""
+    running: list[tuple[JobRecord, Segment]] = [
+        (other, segment)
+        for other in records
+        for segment in other.segments
+        if segment.start_s <= when < segment.end_s
+    ]
+    team_held: dict[str, float] = defaultdict(float)
+    for other, _ in running:
+        team_held[other.tenant] += other.gpus
+    borrowing = {
+        team
+        for team, units in team_held.items()
+        if team != record.tenant and units > guarantees.get(team, 0.0) + _EPSILON
+    }
+    used: dict[str, float] = defaultdict(float)  # per node
+    young: dict[str, float] = defaultdict(float)  # reclaimable, per node
+    old: dict[str, float] = defaultdict(float)  # borrowed but spared, per node
+    for other, segment in running:
+        if not segment.slice_ids:
+            continue
+        per_slice = other.gpus / len(segment.slice_ids)
+        ran = when - segment.start_s
+        for slice_id in segment.slice_ids:
+            node = slice_id.split("/", 1)[0]
+            used[node] += per_slice
+            if other.tenant in borrowing and ran >= min_run_time_s:
+                if ran < reclaim_max_run_s:
+                    young[node] += per_slice
+                else:
+                    old[node] += per_slice
+    need = record.gpus - _EPSILON
+    empty = gpus_per_node if len(used) < nodes else 0.0  # a node nobody uses
+    if record.gpus > gpus_per_node:  # a gang over nodes: count the cluster
+        free = nodes * gpus_per_node - sum(used.values())
+        with_reclaim = free + sum(young.values())
+        return with_reclaim < need <= with_reclaim + sum(old.values())
+    room = max([empty, *(gpus_per_node - used[n] + young[n] for n in used)])
+    spared = max([empty, *(gpus_per_node - used[n] + young[n] + old[n] for n in used)])
+    return room < need <= spared
 
 
 @dataclass(frozen=True, slots=True)

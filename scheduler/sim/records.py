@@ -6,7 +6,7 @@ segment) is enough for anyone to recompute the figures.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +16,9 @@ class Segment:
     start_s: float
     end_s: float
     preempted: bool  # ended by preemption (its work is lost) rather than by completion
+    # The slices it held ("node/gpu..." ids): where it ran, for the metrics that look at
+    # nodes (``metrics.guarantee_overruns``); not part of a segment's identity.
+    slice_ids: tuple[str, ...] = field(default=(), compare=False)
 
 
 @dataclass(frozen=True, slots=True)

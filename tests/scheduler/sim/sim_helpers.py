@@ -29,7 +29,7 @@ def record(
     gpus: float,
     submit: float,
     duration: float,
-    *segments: tuple[float, float, bool],
+    *segments: tuple[float, float, bool] | tuple[float, float, bool, tuple[str, ...]],
     tenant: str = "a",
 ) -> JobRecord:
     return JobRecord(job_id, tenant, gpus, submit, duration, tuple(Segment(*s) for s in segments))

@@ -6,7 +6,9 @@ import pytest
 from sim_helpers import record
 
 from scheduler.sim.metrics import (
+    GuaranteeOverrun,
     fairness,
+    guarantee_overruns,
     jain_index,
     makespan_lower_bound,
     per_team,
@@ -119,3 +121,44 @@ def test_the_sharing_incentive_compares_the_same_jobs_with_slack() -> None:
     assert (checks["a"].holds, checks["a"].jobs, checks["a"].mean_wait_s) == (True, 2, 200)
     assert checks["b"].holds is False
     assert checks["c"].holds is None
+
+
+def _overruns(b_first_started: float, reclaim_max_run_s: float) -> GuaranteeOverrun:
+    """Two nodes of 4 GPUs. Team b (guarantee 2) borrows 6: a 4-GPU job on n000 started at
+    ``b_first_started`` and a 2-GPU job on n001 started at 1,500. Team a (guarantee 6) runs 2
+    GPUs on n001 and queues a 4-GPU job at 2,000 that starts at 5,000: 2,910 s over bound 1
+    (90 s), which runs out at 2,090."""
+    n0 = tuple(f"n000/g{i}" for i in range(4))
+    n1 = tuple(f"n001/g{i}" for i in range(4))
+    records = [
+        record(
+            "b-big", 4, 0, 9000, (b_first_started, 9000 + b_first_started, False, n0), tenant="b"
+        ),
+        record("b-small", 2, 1500, 8000, (1500, 9500, False, n1[:2]), tenant="b"),
+        record("a-run", 2, 0, 9000, (0, 9000, False, n1[2:]), tenant="a"),
+        record("a-wait", 4, 2000, 100, (5000, 5100, False, n0), tenant="a"),
+    ]
+    return guarantee_overruns(
+        records,
+        {"a": 6.0, "b": 2.0},
+        capacity=8.0,
+        gpus_per_node=4,
+        bound_s=90.0,
+        reclaim_max_run_s=reclaim_max_run_s,
+        min_run_time_s=60.0,
+    )
+
+
+def test_a_wait_over_bound_one_with_only_long_run_borrowed_work_to_reclaim_is_protected() -> None:
+    # b's 4-GPU job has run 2,090 s when the bound runs out, past reclaim_max_run_s = 1,000:
+    # reclaim may not take it, and n001's young borrowed GPUs (2) do not make room for 4.
+    assert _overruns(0.0, reclaim_max_run_s=1000.0) == GuaranteeOverrun(
+        over=1, protected=1, worst_unprotected_s=0.0
+    )
+
+
+def test_a_wait_over_bound_one_that_reclaim_could_have_ended_is_a_violation() -> None:
+    # b's 4-GPU job started at 1,000: it had run 1,090 s, within reclaim_max_run_s = 3,000.
+    assert _overruns(1000.0, reclaim_max_run_s=3000.0) == GuaranteeOverrun(
+        over=1, protected=0, worst_unprotected_s=3000.0
+    )
