@@ -124,9 +124,10 @@ def prepared_cursor() -> Any:
         return connection.cursor()
     connection.ensure_connection()
     raw = connection.connection
-    # Django opens connections with preparing off (prepare_threshold None); the psycopg
-    # cursors Django makes never prepare whatever the threshold, so only _PreparingCursor
-    # is affected by turning it on.
+    # Django opens connections with preparing off (prepare_threshold None). The psycopg
+    # cursors Django makes bind on the client side and never prepare whatever the threshold
+    # (psycopg only counts their statements, in a table of at most 100), so turning it on
+    # prepares nothing but what _PreparingCursor runs.
     if raw.prepare_threshold is None:
         raw.prepare_threshold = PREPARE_THRESHOLD
     with connection.wrap_database_errors:
