@@ -7,7 +7,8 @@ world of ``bench/api.py`` (``--nodes`` nodes of 8 GPUs, ``--users`` members with
 middleware, authentication, throttling, the view, rendering), ``--repeats`` times per
 request kind, the tokens taken in turn, and prints for each kind the CPU time of this process
 per request (``time.process_time``: the database server's and Redis' time are not in it), the
-wall time and the statements per request. ``--profile`` prints cProfile's top functions by
+database server's CPU per request (the PostgreSQL backend serving this process, read from
+``/proc`` when the server runs on this machine), the wall time and the statements per request. ``--profile`` prints cProfile's top functions by
 cumulative and by own time, in CPU
 time.
 
@@ -116,6 +117,8 @@ def measure(
             print(f"  SQL {query['sql'][:400]}")
     # Timed by this process's CPU clock: waiting on the database is not what we look for.
     profiler = cProfile.Profile(time.process_time) if profile else None
+    backend = database_backend_pid()
+    db_began = backend_cpu_s(backend)
     cpu_began, wall_began = time.process_time(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
@@ -127,21 +130,54 @@ def measure(
         profiler.disable()
     cpu_ms = (time.process_time() - cpu_began) * 1000 / repeats
     wall_ms = (time.perf_counter() - wall_began) * 1000 / repeats
+    db_ended = backend_cpu_s(backend)
+    db_cpu_ms = (
+        None
+        if db_began is None or db_ended is None or database_backend_pid() != backend
+        else (db_ended - db_began) * 1000 / repeats
+    )
     figures = {
         "cpu_ms": round(cpu_ms, 2),
+        "db_cpu_ms": None if db_cpu_ms is None else round(db_cpu_ms, 2),
         "wall_ms": round(wall_ms, 2),
         "statements": statements,
         "repeats": repeats,
         "profiled": profile,
     }
+    db_shown = "  n/a" if db_cpu_ms is None else f"{db_cpu_ms:5.2f}"
     print(
-        f"{name:14s} {method:4s} {path:24s} {cpu_ms:6.2f} ms CPU, {wall_ms:6.2f} ms wall, "
+        f"{name:14s} {method:4s} {path:24s} {cpu_ms:6.2f} ms CPU, {db_shown} ms database CPU, "
+        f"{wall_ms:6.2f} ms wall, "
         f"{statements} statements ({repeats} requests{', under cProfile' if profile else ''})",
         flush=True,
     )
     if profiler is not None:
         print_profile(profiler)
     return figures
+
+
+def database_backend_pid() -> int | None:
+    """The process id of the PostgreSQL backend serving this process's connection."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def backend_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat``), or None when
+    it cannot be read (the database server on another machine)."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command's closing parenthesis: utime and stime are the 12th and 13th fields.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def print_profile(profiler: cProfile.Profile) -> None:

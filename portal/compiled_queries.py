@@ -22,11 +22,17 @@ What ``build`` decides from anything other than ``values`` (whether the user is 
 admin, whether a filter is on) must be part of ``key``: two requests of one key must build
 the same SQL from different values. Only ``values()`` querysets are taken: their rows are
 plain dicts, converted as the ORM converts them (the backend's and the fields' converters).
+
+On PostgreSQL the compiled SQL is also a prepared statement (``prepared_cursor``): the
+server parses and plans it once per connection instead of on every request. Planning was
+most of what the job list cost the database server (0.75 ms of its CPU for a ``?limit=1``
+page whose execution takes 0.05 ms).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -61,7 +67,7 @@ class _Compiled:
             slot if index is None else (values[index] if slot is None else slot(values[index]))
             for index, slot in self.slots
         ]
-        with connection.cursor() as cursor:
+        with prepared_cursor() as cursor:
             cursor.execute(self.sql, params)
             fetched = cursor.fetchall()
         names, width = self.names, len(self.names)
@@ -98,6 +104,59 @@ def compiled_rows(
     if compiled is None:
         return list(build(values))
     return compiled.rows(values)
+
+
+def prepared_cursor() -> Any:
+    """A cursor of the default connection for statements whose SQL text is fixed per process
+    (compiled shapes, the token lookup, the rate-limit counters): on PostgreSQL each is a
+    prepared statement of the connection, parsed and planned once and then only executed
+    (after five executions PostgreSQL keeps a generic plan when it costs no more than the
+    custom ones). Elsewhere, the usual cursor.
+
+    It is Django's own cursor wrapper (query logging and ``CaptureQueriesContext`` see its
+    statements) around a server-side-binding psycopg cursor: parameters travel apart from
+    the SQL, as prepared statements need. Every other cursor of the connection stays
+    client-side binding and unprepared, as Django makes them. Prepared statements belong to
+    a server session: behind PgBouncer, transaction pooling needs PgBouncer 1.21 or later
+    with ``max_prepared_statements`` set.
+    """
+    if connection.vendor != "postgresql":
+        return connection.cursor()
+    connection.ensure_connection()
+    raw = connection.connection
+    # Django opens connections with preparing off (prepare_threshold None). The psycopg
+    # cursors Django makes bind on the client side and never prepare whatever the threshold
+    # (psycopg only counts their statements, in a table of at most 100), so turning it on
+    # prepares nothing but what _PreparingCursor runs.
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = PREPARE_THRESHOLD
+    with connection.wrap_database_errors:
+        return connection._prepare_cursor(_preparing_cursor_class()(raw))
+
+
+# psycopg's own default: what a statement that does not ask to be prepared needs (none here).
+PREPARE_THRESHOLD = 5
+
+
+@functools.cache
+def _preparing_cursor_class() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    class _PreparingCursor(ServerBindingCursor):  # type: ignore[misc,valid-type]
+        """Asks psycopg to prepare every statement it executes (Django's cursor wrapper
+        passes no ``prepare`` argument)."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            kwargs["prepare"] = True
+            return super().execute(query, params, **kwargs)
+
+        def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> None:
+            # psycopg leaves the cursor's last query unset when it runs a prepared statement;
+            # Django's query log reads it (the SQL, with $1-style placeholders).
+            self._query = pgq
+            super()._send_query_prepared(name, pgq, **kwargs)
+
+    return _PreparingCursor
 
 
 def with_pk(instance: Any, pk: Any) -> Any:

@@ -39,7 +39,7 @@ from portal.api.serializers import (
     TokenSerializer,
     array_data,
     job_detail_data,
-    job_summary_data,
+    job_summaries_data,
 )
 from portal.jobs.arrays import array_submit, array_view, validate_array_request
 from portal.jobs.models import Job, JobDependency, JobEvent, JobState
@@ -197,7 +197,7 @@ class JobListView(PortalAPIView, GenericAPIView):
             values=shape.values,
             request=request,
         )
-        return self.get_paginated_response([job_summary_data(row) for row in page])
+        return self.get_paginated_response(job_summaries_data(page))
 
     @extend_schema(
         summary="Submit a job (or, with array, a job array)",

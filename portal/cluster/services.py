@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from uuid import uuid4
 
 from portal.cluster.models import Gpu, InventoryVersion, Node, Slice
+from portal.compiled_queries import compiled_rows
 from scheduler.model import MIG_COMPUTE_SLICES_PER_GPU, SliceKind
 from scheduler.units import mig_units, mps_units
 from workers.protocol import Gpu as InventoryGpu
@@ -112,8 +113,18 @@ def inventory_changed() -> None:
 
 
 def inventory_version() -> str | None:
-    """The token of the inventory as it is now (None until it first changed)."""
-    return InventoryVersion.objects.filter(pk=1).values_list("token", flat=True).first()
+    """The token of the inventory as it is now (None until it first changed).
+
+    Every submit asks it (``portal.jobs.cluster_fit``), so its SQL is compiled once per
+    process (``compiled_rows``; a prepared statement on PostgreSQL)."""
+    rows = compiled_rows(
+        key="inventory-version",
+        build=lambda values: (
+            InventoryVersion.objects.filter(pk=1).order_by("pk").values("token")[:1]
+        ),
+        values=(),
+    )
+    return rows[0]["token"] if rows else None
 
 
 def sync_inventory(node: Node, gpus: tuple[InventoryGpu, ...]) -> InventoryChange:

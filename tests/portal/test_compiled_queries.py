@@ -141,3 +141,34 @@ def test_a_value_put_in_the_sql_text_is_not_cached():
     assert len(compiled_rows(key="sliced", build=build, values=[3])) == 3
     assert len(compiled_rows(key="sliced", build=build, values=[5])) == 5
     assert compiled_queries._shapes[(compiled_queries.connection.vendor, "sliced")] is None
+
+
+@pytest.mark.skipif(
+    compiled_queries.connection.vendor != "postgresql", reason="prepared statements: PostgreSQL"
+)
+def test_an_api_request_runs_its_fixed_statements_prepared_and_logs_them():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    world = World()
+    _jobs(world)
+    client = token_client(world.alice)
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT statement FROM pg_prepared_statements ORDER BY statement")
+            return [row[0] for row in cursor.fetchall()]
+
+    first = client.get("/api/v1/jobs/?limit=5").json()
+    statements = prepared()
+    assert any('FROM "tenants_apitoken"' in sql for sql in statements)  # the token lookup
+    assert any('INTO "tenants_accesscounter"' in sql for sql in statements)  # rate limits
+    assert any('FROM "jobs_job"' in sql for sql in statements)  # the page
+    with CaptureQueriesContext(connection) as queries:
+        again = client.get("/api/v1/jobs/?limit=5").json()
+    # The same statements run again, nothing prepared anew, the answer the same; and the
+    # query log still shows each statement's SQL.
+    assert prepared() == statements
+    assert again == first and len(first["results"]) == 5
+    assert all(query["sql"] for query in queries.captured_queries)
+    assert any('FROM "jobs_job"' in query["sql"] for query in queries.captured_queries)
