@@ -8,8 +8,11 @@ its workers sized from the cores, the control-plane worker and beat, the command
 
 1. Admissions: ``--nodes x 8`` jobs submitted in one transaction (``jobs_submit``, as an
    array does) into the empty cluster, timed from the commit to the last one RUNNING, with
-   the time to the last one placed (the pass), to the last launch received (dispatch) and to
-   the last ``started`` handled (report handling).
+   the time to the last one placed (the pass), to the first and last launch received
+   (dispatch) and to the first and last ``started`` handled (report handling), and when
+   each pass ended. It starts once every control worker process answers a ping and beat's
+   first pass has run: a portal in service has long started its workers, and their start
+   (Django set up, the task modules imported, the first pass's caches) is not an admission.
 2. ``GET /api/v1/jobs/?limit=1`` and ``GET /api/v1/jobs/`` (50 a page) with wrk, over a job
    table holding ``--history`` ended jobs plus the admitted ones. Each wrk run is measured
    after a discarded one of ``--warmup`` seconds (3): what a portal in service has long done
