@@ -10,7 +10,7 @@ portal sends one per node and pass to agents that take them, as these say they d
 register: ``launch_batches``) is answered with one batch of its ``started`` reports, as the
 real agent's reports pile up into one batch while it starts a node's attempts. Nothing is
 run; acknowledgements and other messages are taken off the queue and dropped. It records
-when the last launch arrived and when the last report went out, so the benchmark can say
+when the first and the last launch arrived and when the last report went out, so the benchmark can say
 where the time went (the pass, dispatch, or the portal's handling of the reports).
 """
 
@@ -53,7 +53,8 @@ class FakeAgents:
         self.started_sent = 0
         self.refused = 0
         self.consumed = 0
-        self.last_launch_at: float | None = None  # time.monotonic()
+        self.first_launch_at: float | None = None  # time.monotonic()
+        self.last_launch_at: float | None = None
         self.last_started_at: float | None = None
         self._count = threading.Lock()
         self._stop = threading.Event()
@@ -127,6 +128,8 @@ class FakeAgents:
         with self._count:
             self.launches += launches
             self.last_launch_at = time.monotonic()
+            if self.first_launch_at is None:
+                self.first_launch_at = self.last_launch_at
         for batch in report_batches(envelope.node, started):
             senders[envelope.node](batch)
         with self._count:

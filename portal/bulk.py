@@ -76,10 +76,15 @@ def _update(
     fields = [model._meta.get_field(name) for name in columns]
     matched = [model._meta.get_field(name) for name in match]
     pk_column = model._meta.pk.column  # type: ignore[union-attr]
-    build = _postgres_sql if connection.vendor == "postgresql" else _sqlite_sql
-    sql = build(
-        model, fields, guarded=where_state is not None, only_changed=only_changed, match=matched
-    )
+    key = ("update", connection.vendor, model, tuple(columns), tuple(match))
+    key += (where_state is not None, only_changed)
+    sql = _statements.get(key)
+    if sql is None:
+        build = _postgres_sql if connection.vendor == "postgresql" else _sqlite_sql
+        sql = build(
+            model, fields, guarded=where_state is not None, only_changed=only_changed, match=matched
+        )
+        _statements[key] = sql
     returning = bool(matched)
     updated = 0
     pks: list[int] = []
@@ -125,13 +130,13 @@ def insert_rows(
     """
     if not rows:
         return
-    suffix = "" if on_conflict is None else _upsert_sql(model, *on_conflict)
     fields = [model._meta.get_field(name) for name in columns]
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    names = [quote(f.column) for f in fields]
+    key = ("insert", connection.vendor, model, tuple(columns), _conflict_key(on_conflict))
+    sql = _statements.get(key)
+    if sql is None:
+        sql = _insert_sql(model, fields, on_conflict)
+        _statements[key] = sql
     if connection.vendor != "postgresql":
-        placeholders = ", ".join(["%s"] * len(fields))
         # Numbers, text, booleans and NULL go as they are; JSON and times as SQLite stores them.
         params: Sequence[Sequence[Any]] = rows
         if any(isinstance(f, _CONVERTED_ON_SQLITE) for f in fields):
@@ -139,18 +144,42 @@ def insert_rows(
                 [_sqlite_value(f, v) for f, v in zip(fields, row, strict=True)] for row in rows
             ]
         with connection.cursor() as cursor:
-            cursor.executemany(
-                f"INSERT INTO {table} ({', '.join(names)}) VALUES ({placeholders}){suffix}",
-                params,
-            )
+            cursor.executemany(sql, params)
         return
-    types = ", ".join(f"{n} {f.db_type(connection)}" for n, f in zip(names, fields, strict=True))
-    source = f"SELECT {', '.join(names)} FROM jsonb_to_recordset(%s::jsonb) AS v({types})"
-    sql = f"INSERT INTO {table} ({', '.join(names)}) {source}{suffix}"
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
             cursor.execute(sql, [json.dumps([_json_values(fields, row) for row in chunk])])
+
+
+# The SQL of each shape of statement (model, columns, guards), built once per process:
+# quoting names and asking each field for its database type on every call was a fifth of the
+# CPU of a report batch's two statements (its guarded UPDATE and its events' INSERT: 0.68 ms,
+# 0.55 ms with the SQL kept; bench.admissions_cpu's world).
+_statements: dict[tuple[Any, ...], str] = {}
+
+
+def _conflict_key(
+    on_conflict: tuple[Sequence[str], Sequence[str], Sequence[str]] | None,
+) -> tuple[tuple[str, ...], ...] | None:
+    return None if on_conflict is None else tuple(tuple(names) for names in on_conflict)
+
+
+def _insert_sql(
+    model: type[models.Model],
+    fields: list[Any],
+    on_conflict: tuple[Sequence[str], Sequence[str], Sequence[str]] | None,
+) -> str:
+    suffix = "" if on_conflict is None else _upsert_sql(model, *on_conflict)
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    names = [quote(f.column) for f in fields]
+    if connection.vendor != "postgresql":
+        placeholders = ", ".join(["%s"] * len(fields))
+        return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({placeholders}){suffix}"
+    types = ", ".join(f"{n} {f.db_type(connection)}" for n, f in zip(names, fields, strict=True))
+    source = f"SELECT {', '.join(names)} FROM jsonb_to_recordset(%s::jsonb) AS v({types})"
+    return f"INSERT INTO {table} ({', '.join(names)}) {source}{suffix}"
 
 
 def _upsert_sql(

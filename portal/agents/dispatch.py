@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -31,6 +32,7 @@ from portal.jobs.attempts import attempt_end
 from portal.jobs.gangs import GangMember, gang_members, rendezvous_env
 from portal.jobs.models import HOLDING_STATES, Allocation, Job, JobState
 from portal.policy import scheduler_config
+from portal.tenants.models import image_prefixes_of
 from workers.protocol import (
     LAUNCHES_MAX,
     STOP_REASONS,
@@ -77,16 +79,11 @@ def send_launches(job_ids: Iterable[int], *, now: datetime | None = None) -> int
 
 
 def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
-    jobs = {
-        job.pk: job
-        for job in Job.objects.filter(pk__in=job_ids, state=JobState.ASSIGNED).select_related(
-            "team", "user", "node"
-        )
-    }
+    jobs = launch_jobs(job_ids)
     devices: dict[int, dict[str, list[Device]]] = defaultdict(lambda: defaultdict(list))
     units: dict[tuple[int, str], float] = defaultdict(float)  # GPU units per (job, node)
-    # Plain rows, not model objects: a pass launches thousands of jobs at once, and building
-    # four model instances per allocation cost more than everything else here.
+    # Plain rows, not model instances, as for the jobs: four model instances per allocation
+    # cost more than everything else here.
     allocations = (
         Allocation.objects.filter(job_id__in=list(jobs), released_at__isnull=True)
         .order_by("job_id", "slice__gpu__index", "slice__key")
@@ -100,7 +97,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         devices[job.pk][node].append(device_of(item))
         units[job.pk, node] += item.units
     keys = node_keys({node for by_node in devices.values() for node in by_node})
-    outgoing: list[tuple[Job, str, Launch]] = []
+    outgoing: list[tuple[LaunchJob, str, Launch]] = []
     for job in jobs.values():
         by_node = devices.get(job.pk)
         if not by_node:
@@ -109,9 +106,7 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
         # The layout counts every part, also one that ended already (a resend of the launch
         # to the others must give them the same ranks).
         gang = (
-            gang_members(
-                job_id=job.pk, attempt=job.attempt, first=job.node.name if job.node else ""
-            )
+            gang_members(job_id=job.pk, attempt=job.attempt, first=job.first_node)
             if job.multi_node
             else ()
         )
@@ -141,8 +136,72 @@ def _send_launch_chunk(job_ids: Sequence[int], now: datetime) -> int:
     return len(outgoing)
 
 
+@dataclass(frozen=True, slots=True)
+class LaunchJob:
+    """What a launch says of its job: the job's own columns, its owner's name, its team's
+    name and container policy, and its first node (a gang's rank 0). Read as plain rows
+    (``launch_jobs``): a pass launches thousands of jobs at once, and building the job, its
+    team, owner and node as model instances (every column of each, a dozen timestamps among
+    them) cost more than all the rest of the dispatch."""
+
+    pk: int
+    attempt: int
+    name: str
+    image: str
+    command: Any
+    env: Any
+    array_id: int | None
+    array_index: int | None
+    time_limit_s: int | None
+    multi_node: bool
+    first_node: str
+    team: str
+    user: str
+    job_network: str
+    read_only_rootfs: bool
+    image_prefixes: tuple[str, ...]
+
+
+_LAUNCH_COLUMNS = (
+    "pk",
+    "attempt",
+    "name",
+    "image",
+    "command",
+    "env",
+    "array_id",
+    "array_index",
+    "time_limit_s",
+    "multi_node",
+    "node__name",
+    "team__name",
+    "user__username",
+    "team__job_network",
+    "team__read_only_rootfs",
+    "team__allowed_image_prefixes",
+)
+
+
+def launch_jobs(job_ids: Sequence[int]) -> dict[int, LaunchJob]:
+    """The ASSIGNED jobs among ``job_ids`` as ``LaunchJob``s, by pk (one query)."""
+    rows = Job.objects.filter(pk__in=job_ids, state=JobState.ASSIGNED).values_list(*_LAUNCH_COLUMNS)
+    jobs = {}
+    for *columns, node, team, user, network, read_only, prefixes in rows:
+        job = LaunchJob(
+            *columns,
+            first_node=node or "",
+            team=team,
+            user=user,
+            job_network=network,
+            read_only_rootfs=read_only,
+            image_prefixes=image_prefixes_of(prefixes),
+        )
+        jobs[job.pk] = job
+    return jobs
+
+
 def _launch_messages(
-    outgoing: Sequence[tuple[Job, str, Launch]],
+    outgoing: Sequence[tuple[LaunchJob, str, Launch]],
 ) -> list[tuple[str, Launch | Launches, list[int]]]:
     """(node, message, its job ids): a node whose agent takes batches (``launch_batches``)
     gets its launches together, LAUNCHES_MAX a message; any other one launch a message. A
@@ -171,7 +230,7 @@ def _launch_messages(
 
 
 def launch_message(
-    job: Job,
+    job: LaunchJob,
     devices: Sequence[Device],
     *,
     node: str,
@@ -187,8 +246,8 @@ def launch_message(
         job_id=job.pk,
         attempt=job.attempt,
         name=job.name,
-        team=job.team.name,
-        user=job.user.get_username(),
+        team=job.team,
+        user=job.user,
         image=job.image,
         command=tuple(str(arg) for arg in job.command or ()),
         env=launch_env(job, gang=gang, node=node),
@@ -200,7 +259,9 @@ def launch_message(
     return message
 
 
-def launch_env(job: Job, *, gang: Sequence[GangMember] = (), node: str = "") -> dict[str, str]:
+def launch_env(
+    job: LaunchJob | Job, *, gang: Sequence[GangMember] = (), node: str = ""
+) -> dict[str, str]:
     """The job's env; for a member of a job array PORTAL_ARRAY_ID and PORTAL_ARRAY_INDEX (a
     user may not set PORTAL_* names, so these are the portal's own); for ``node``'s part of a
     multi-node gang its rendezvous (portal.jobs.gangs), over the user's values."""
@@ -213,11 +274,10 @@ def launch_env(job: Job, *, gang: Sequence[GangMember] = (), node: str = "") -> 
     return env
 
 
-def container_policy(job: Job, *, units: float) -> ContainerPolicy:
+def container_policy(job: LaunchJob, *, units: float) -> ContainerPolicy:
     """How the job's container is confined on a node where it holds ``units`` GPU units: the
     operator's limits per unit, the team's network, image allow-list and read-only choice.
     The node's agent checks it again against its own policy file (docs/agent.md)."""
-    team = job.team
     # Rounded up, after the float noise of adding unit fractions (7 x 1/7) is rounded away.
     memory_mb = math.ceil(round(units * settings.JOB_MEMORY_MB_PER_UNIT, 6))
     cpus = math.ceil(round(units * settings.JOB_CPUS_PER_UNIT * 100, 6)) / 100
@@ -225,9 +285,9 @@ def container_policy(job: Job, *, units: float) -> ContainerPolicy:
         memory_mb=max(1, memory_mb),
         cpus=max(0.01, cpus),
         pids_limit=settings.JOB_PIDS_LIMIT,
-        network=team.job_network or "none",
-        read_only_rootfs=team.read_only_rootfs or settings.JOB_READ_ONLY_ROOTFS,
-        image_prefixes=team.image_prefixes(),
+        network=job.job_network or "none",
+        read_only_rootfs=job.read_only_rootfs or settings.JOB_READ_ONLY_ROOTFS,
+        image_prefixes=job.image_prefixes,
     )
 
 
@@ -288,7 +348,7 @@ def device_of(item: AllocatedSlice) -> Device:
     )
 
 
-def _fail_unlaunchable(job: Job, error: str) -> None:
+def _fail_unlaunchable(job: LaunchJob, error: str) -> None:
     log.error("job %s cannot be launched: %s", job.pk, error)
     attempt_end(
         job_id=job.pk,
@@ -426,7 +486,19 @@ def publish(
 
 def _send(task: str, envelope: dict[str, str], node: str, message: Message) -> bool:
     try:
-        app.send_task(task, args=[envelope], queue=node_queue(node), expires=MESSAGE_EXPIRES_S)
+        # ``declare=()``: the message goes straight onto the node's list in Redis (Celery
+        # publishes to a queue of its own name through the default exchange), which is all a
+        # node's agent consumes; declaring the queue first, as Celery does by default once per
+        # queue and pooled connection, added two round trips to the broker to each first send
+        # to a node (every node, again for each connection, after a worker starts) and
+        # changed nothing on Redis.
+        app.send_task(
+            task,
+            args=[envelope],
+            queue=node_queue(node),
+            expires=MESSAGE_EXPIRES_S,
+            declare=(),
+        )
     except Exception as error:  # noqa: BLE001 - any broker failure is the same to us
         log.warning(
             "could not send %s for job %s to %s (it is sent again): %s",

@@ -373,8 +373,15 @@ _RUN_COLUMNS = (
 )
 
 
+# The run-time history of the last pass with the rows and team names it was built from:
+# built again only when they differ (a job finished, one aged out of the window), not on every
+# pass. Comparing the rows costs a small part of building thousands of shapes and summaries.
+_run_times_cache: tuple[list[tuple[Any, ...]], dict[int, str], RunTimes] | None = None
+
+
 def _load_run_times(at: float, team_names: Mapping[int, str]) -> RunTimes:
     """How long the most recent finished jobs ran, by shape (one bounded query)."""
+    global _run_times_cache
     since = datetime.fromtimestamp(at - RUN_TIME_HISTORY_S, tz=UTC)
     rows = _job_rows(
         Job.objects.filter(
@@ -384,6 +391,15 @@ def _load_run_times(at: float, team_names: Mapping[int, str]) -> RunTimes:
         newest_first=True,
         limit=RUN_TIME_HISTORY_JOBS,
     )
+    cached = _run_times_cache
+    if cached is not None and cached[0] == rows and cached[1] == team_names:
+        return cached[2]
+    run_times = _run_times_of(rows, team_names)
+    _run_times_cache = (rows, dict(team_names), run_times)
+    return run_times
+
+
+def _run_times_of(rows: list[tuple[Any, ...]], team_names: Mapping[int, str]) -> RunTimes:
     finished = []
     for team_id, username, kind, count, profile, model, limit, started, ended in rows:
         team = team_names.get(team_id)

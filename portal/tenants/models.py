@@ -134,12 +134,16 @@ class Team(models.Model):
         return self.name
 
     def image_prefixes(self) -> tuple[str, ...]:
-        """The allow-list as a tuple of prefixes, also when a row was written around the
-        field's validation (a bare text counts as one prefix)."""
-        value = self.allowed_image_prefixes
-        if isinstance(value, str):
-            return (value,)
-        return tuple(p for p in value if isinstance(p, str)) if isinstance(value, list) else ()
+        """The allow-list as a tuple of prefixes (``image_prefixes_of``)."""
+        return image_prefixes_of(self.allowed_image_prefixes)
+
+
+def image_prefixes_of(value: Any) -> tuple[str, ...]:
+    """A team's ``allowed_image_prefixes`` value as a tuple of prefixes, also when a row was
+    written around the field's validation (a bare text counts as one prefix)."""
+    if isinstance(value, str):
+        return (value,)
+    return tuple(p for p in value if isinstance(p, str)) if isinstance(value, list) else ()
 
 
 class Membership(models.Model):
