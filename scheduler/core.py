@@ -138,6 +138,8 @@ class Cycle:
         self.preempt: list[Preempt] = []
         self.fail: list[Fail] = []
         self.left: list[Left] = []  # considered and left pending, in order
+        # Whether the jobs left pending are listed at all (``SchedulerConfig.list_pending``).
+        self.listing = config.explain or config.list_pending
         self.parked: list[Left] = []  # never considered (dependency, class, no such slice)
         self.placed: list[Placed] = []
         self.placed_teams: set[str] = set()
@@ -252,8 +254,8 @@ class Cycle:
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
         if verdict is not None:
-            # (positional: most of a long queue takes this path)
-            self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
+            if self.listing:  # (positional: most of a long queue takes this path)
+                self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
@@ -447,6 +449,8 @@ class Cycle:
 
     def record_rest(self, rest: Sequence[Candidate]) -> None:
         """Jobs left after the pass settled: pending in submit order, with ``behind``."""
+        if not self.listing:
+            return
         code, numbers = self.behind
         for c in sorted(rest, key=lambda c: age_key(c.job)):
             self.wait(c, code, numbers)
@@ -476,7 +480,7 @@ class Cycle:
         return Decisions(
             assign=tuple(self.assign),
             preempt=tuple(self.preempt),
-            pending=tuple(explainer.pending([*self.left, *parked])),
+            pending=tuple(explainer.pending([*self.left, *parked])) if self.listing else (),
             fail=tuple(self.fail),
             standing=standing_of(
                 self.fair,
