@@ -49,10 +49,22 @@ JAIN_TARGET = 0.95
 # The own traces (scripts/make_traces.py) and the cluster each is written for.
 OWN_TRACES = ("bursty", "big_gangs", "flood_late")
 OWN_TRACE_GPUS = 64
-# Rough relative cost of each policy's replay, to start the longest first (Philly at 512
-# GPUs before the maximum wait, 2026-11: fairshare 370 s, FIFO + backfill 734 s, private
-# 153 s; with it fair share takes far longer, README "Benchmarks"; only the order matters).
-_COST = {"fifo_backfill": 5.0, "fairshare": 2.5, "fifo": 2.0, "private": 1.0}
+# Rough relative cost of each policy's replay, to start the longest first (only the order
+# matters). Since FIFO nominates only as far as its queue looks (2026-12-05), fair share is
+# the dearest: on the full Philly trace at 512 GPUs, durations hidden, it took ~1.7 times
+# FIFO + backfill's CPU over the first 48,000 jobs (docs/simulator.md, Latest figures).
+_COST = {"fairshare": 4.0, "fifo_backfill": 2.5, "fifo": 2.0, "private": 1.0}
+# The own traces (about 2,000 jobs on 64 GPUs) take seconds; a Philly replay minutes, and
+# longer on fewer GPUs (longer queues).
+_OWN_TRACE_SCALE = 0.01
+
+
+def _cost(task: Replay) -> float:
+    """A replay's rough relative CPU cost (``run_replays`` starts the dearest first)."""
+    if task.label != "philly":
+        return _OWN_TRACE_SCALE * _COST.get(task.policy, 1.0)
+    return _COST.get(task.policy, 1.0) * 512 / task.gpus
+
 
 _ROWS = (
     ("jobs", "jobs", "{:.0f}"),
@@ -117,7 +129,7 @@ def run_replays(
     """Every replay of ``tasks`` in worker processes (the longest first); the reports in the
     order of ``tasks``, each shared policy's with its sharing-incentive check when the
     private baseline of the same trace and size is among the tasks."""
-    order = sorted(range(len(tasks)), key=lambda i: -_COST.get(tasks[i].policy, 1.0))
+    order = sorted(range(len(tasks)), key=lambda i: -_cost(tasks[i]))
     workers = max(1, min(len(tasks), workers or os.cpu_count() or 1))
     done: dict[int, tuple[dict[str, Any], tuple[JobRecord, ...]]] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:

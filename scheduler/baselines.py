@@ -13,9 +13,10 @@ only for the order of the queue and for what a job that fits nowhere may do.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from scheduler.nominate import InSubmitOrder
 from scheduler.order import Candidate, Ordered, age_key
 
 if TYPE_CHECKING:
@@ -33,10 +34,14 @@ class Fifo:
     def __init__(self, *, backfill: bool) -> None:
         self.backfill = backfill
 
-    def rounds(self, cycle: Cycle, candidates: list[Candidate]) -> Iterator[list[Candidate]]:
+    def rounds(
+        self, cycle: Cycle, candidates: Sequence[Candidate]
+    ) -> Iterator[Sequence[Candidate]]:
         yield candidates  # one round: the whole queue
 
-    def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
+    def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered:
+        if isinstance(jobs, InSubmitOrder):
+            return Ordered(jobs, None)  # in submit order already, nominated as it goes
         return Ordered(sorted(jobs, key=lambda c: age_key(c.job)), None)
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:

@@ -80,6 +80,11 @@ class SchedulerConfig:
     model_weights: Mapping[str, float] = field(default_factory=_no_model_weights)
     # Explanations (reasons, positions, ETAs) for every pending job; replays may switch off.
     explain: bool = True
+    # With ``explain`` off, whether ``Decisions.pending`` still lists every pending job (bare
+    # codes and positions). The simulator, which reads only what a pass assigns, preempts and
+    # fails, switches it off: a pass then builds no entry for the jobs it leaves pending. Has
+    # no effect while ``explain`` is on.
+    list_pending: bool = True
     # Fair share: how much a team's decayed history counts next to what it holds now, both in
     # GPU units (history as "average units held lately", see ``units.decayed_rate``).
     # 0 = only what it holds now; 1 = history weighs as much as the present.

@@ -45,7 +45,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
-from scheduler.nominate import Nominator
+from scheduler.nominate import InSubmitOrder, Nominator
 from scheduler.order import Candidate, FairShare, FairShareRules, Ordered, age_key
 from scheduler.preempt import Preemption
 from scheduler.quota import (
@@ -105,12 +105,14 @@ class Rules(Protocol):
     reclaim: bool  # a job may reclaim borrowed capacity
     by_priority: bool  # a job may preempt lower classes
 
-    def rounds(self, cycle: Cycle, candidates: list[Candidate]) -> Iterator[list[Candidate]]:
+    def rounds(
+        self, cycle: Cycle, candidates: Sequence[Candidate]
+    ) -> Iterator[Sequence[Candidate]]:
         """The candidates in the rounds they are admitted in (lazily: a round may depend on
         what the ones before placed)."""
         ...
 
-    def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered: ...
+    def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered: ...
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
         """``c`` fits nowhere now: preempt or reserve for it (True), or let it wait (False)."""
@@ -138,6 +140,8 @@ class Cycle:
         self.preempt: list[Preempt] = []
         self.fail: list[Fail] = []
         self.left: list[Left] = []  # considered and left pending, in order
+        # Whether the jobs left pending are listed at all (``SchedulerConfig.list_pending``).
+        self.listing = config.explain or config.list_pending
         self.parked: list[Left] = []  # never considered (dependency, class, no such slice)
         self.placed: list[Placed] = []
         self.placed_teams: set[str] = set()
@@ -194,7 +198,7 @@ class Cycle:
 
     # -- 2. nominate ---------------------------------------------------------------------------
 
-    def nominate(self) -> list[Candidate]:
+    def nominate(self) -> Sequence[Candidate]:
         """The pending jobs that may be considered now, in the snapshot's order."""
         caches = self.config.caches
         shape = self.shape
@@ -207,8 +211,12 @@ class Cycle:
             dependency_states=self.snapshot.dependency_states,
             gate_classes=self.rules.classes,
         )
-        candidates = [c for c in map(nominate.candidate, self.snapshot.pending) if c is not None]
         self.fail, self.parked = nominate.fail, nominate.parked
+        if not self.listing and isinstance(self.rules, Fifo):
+            # Strict submit order and no pending list: candidates are made as the queue
+            # reaches them (FIFO never reclaims, so no team's guarantee is asked for).
+            return InSubmitOrder(nominate, self.snapshot.pending)
+        candidates = [c for c in map(nominate.candidate, self.snapshot.pending) if c is not None]
         self.under_guarantee = under_guarantee(
             {c.job.team for c in candidates}, self.ledger.team, self.teams
         )
@@ -216,7 +224,7 @@ class Cycle:
 
     # -- 3 + 4. order and admit ----------------------------------------------------------------
 
-    def admit_round(self, jobs: list[Candidate]) -> None:
+    def admit_round(self, jobs: Sequence[Candidate]) -> None:
         """Admit one round's jobs in order, until nothing further down can change a decision
         (then the rest is only recorded as pending)."""
         if self.scope is SETTLED:
@@ -230,7 +238,8 @@ class Cycle:
             if self.scope is not scope:
                 scope = self.scope
                 if scope is SETTLED:
-                    self.record_rest(ordered.rest())
+                    if self.listing:  # (the rest of the queue may not be nominated yet)
+                        self.record_rest(ordered.rest())
                     return
                 assert scope is not None
                 self.record_rest(ordered.keep_teams(scope))
@@ -252,8 +261,8 @@ class Cycle:
         # way: say so without looking again (most of a long queue in a full cluster).
         key, stamp, verdict = self.memo.verdict(c)
         if verdict is not None:
-            # (positional: most of a long queue takes this path)
-            self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
+            if self.listing:  # (positional: most of a long queue takes this path)
+                self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
             return
         allowed = room(c, self.ledger)  # units its limits leave, or why it may take none
         if isinstance(allowed, tuple):
@@ -437,7 +446,7 @@ class Cycle:
         elif self.scope is None or self.under_guarantee != self.scope:
             self.scope = frozenset(self.under_guarantee)
 
-    def narrow(self, jobs: list[Candidate]) -> list[Candidate]:
+    def narrow(self, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
         """The jobs of a round that may still matter (all, unless narrowed)."""
         scope = self.scope
         if scope is None:
@@ -447,6 +456,8 @@ class Cycle:
 
     def record_rest(self, rest: Sequence[Candidate]) -> None:
         """Jobs left after the pass settled: pending in submit order, with ``behind``."""
+        if not self.listing:
+            return
         code, numbers = self.behind
         for c in sorted(rest, key=lambda c: age_key(c.job)):
             self.wait(c, code, numbers)
@@ -476,7 +487,7 @@ class Cycle:
         return Decisions(
             assign=tuple(self.assign),
             preempt=tuple(self.preempt),
-            pending=tuple(explainer.pending([*self.left, *parked])),
+            pending=tuple(explainer.pending([*self.left, *parked])) if self.listing else (),
             fail=tuple(self.fail),
             standing=standing_of(
                 self.fair,

@@ -11,7 +11,8 @@ is remembered under (``scheduler.memo``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import overload
 
 from scheduler.cluster import RequestInfo
 from scheduler.config import SchedulerConfig
@@ -25,7 +26,7 @@ from scheduler.model import (
     PendingCode,
     Team,
 )
-from scheduler.order import Candidate
+from scheduler.order import Candidate, age_key
 from scheduler.quota import Numbers
 
 
@@ -103,3 +104,64 @@ class Nominator:
                 self.fail.append(Fail(job.id, f"dependency {dep.job_id} did not succeed"))
                 return False
         return waiting
+
+
+class InSubmitOrder(Sequence[Candidate]):
+    """The candidates of ``jobs`` in submit order (``order.age_key``), each made only when
+    the queue reaches it: a FIFO pass that lists no pending job
+    (``SchedulerConfig.list_pending`` off) stops considering jobs once nothing further down
+    can change a decision, and the jobs behind need no candidate at all.
+
+    The same candidates, in the same order, as nominating every job and sorting: a job that
+    fails or waits for a dependency is nominated at once, in the snapshot's order (the
+    only ones ``Nominator.candidate`` can fail), so ``Nominator.fail`` is complete from the
+    start; parked jobs are skipped where the queue reaches them. Asking for its length or
+    an item nominates every job.
+    """
+
+    def __init__(self, nominate: Nominator, jobs: Sequence[Job]) -> None:
+        self._nominate = nominate
+        early: dict[str, Candidate | None] = {}
+        for job in jobs:
+            if job.request.count < 1 or job.depends_on:
+                early[job.id] = nominate.candidate(job)
+        self._early = early
+        self._jobs = sorted(jobs, key=age_key)
+        self._next = 0  # the first job of ``_jobs`` not nominated yet
+        self._made: list[Candidate] = []
+
+    def _more(self) -> bool:
+        """Nominate jobs until one more candidate is made; False once none is left."""
+        jobs, early, candidate = self._jobs, self._early, self._nominate.candidate
+        while self._next < len(jobs):
+            job = jobs[self._next]
+            self._next += 1
+            c = early[job.id] if job.id in early else candidate(job)
+            if c is not None:
+                self._made.append(c)
+                return True
+        return False
+
+    def __iter__(self) -> Iterator[Candidate]:
+        made = self._made
+        at = 0
+        while at < len(made) or self._more():
+            yield made[at]
+            at += 1
+
+    def _all(self) -> list[Candidate]:
+        while self._more():
+            pass
+        return self._made
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    @overload
+    def __getitem__(self, index: int) -> Candidate: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Candidate]: ...
+
+    def __getitem__(self, index: int | slice) -> Candidate | Sequence[Candidate]:
+        return self._all()[index]

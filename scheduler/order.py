@@ -401,7 +401,9 @@ class FairShareRules:
         self.reclaim = config.reclaim
         self.by_priority = config.preempt_by_priority
 
-    def rounds(self, cycle: Cycle, candidates: list[Candidate]) -> Iterator[list[Candidate]]:
+    def rounds(
+        self, cycle: Cycle, candidates: Sequence[Candidate]
+    ) -> Iterator[Sequence[Candidate]]:
         """The rounds, in the order the policy's preemption rules would settle them anyway.
 
         Without preemption by class (the default), work that keeps its team within its
@@ -531,7 +533,7 @@ class FairShareRules:
         cycle.deferred = []
         return rest
 
-    def order(self, cycle: Cycle, jobs: list[Candidate]) -> Ordered:
+    def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered:
         journal = cycle.fair.journal
         if cycle.starving:  # (already oldest first)
             if journal is None:

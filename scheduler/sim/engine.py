@@ -9,7 +9,10 @@ asked, so a burst of arrivals costs one pass.
 The simulator holds no policy of its own: whatever the core decides is applied as is, and
 checked (a slice given twice, a job assigned twice or a gang of the wrong size stops the
 replay with ``SimulationError``). It skips a pass only when no pass could change anything:
-nothing is pending, or no slice is free and no preemption rule can fire.
+nothing is pending, or no pending job fits what is free and no preemption rule can fire
+(``_could_place``: no node has as many free slices of a job's kind as the job needs at
+least, nor the whole cluster for a multi-node gang; a pass that cannot place, preempt or
+fail decides nothing, and the replay's jobs have no dependencies that could fail).
 
 Each trace job runs as a rigid gang. By default its ``time_limit_s`` is its true duration, so
 the core's backfill reserves with exact run times (the best case for backfill, the same for
@@ -161,6 +164,18 @@ def job_units(trace: TraceJob) -> float:
     return trace.gpus * mig_units(trace.mig_profile)
 
 
+def _pool_of(kind: SliceKind, profile: str) -> tuple[SliceKind, str]:
+    """The slices a request of ``kind`` and ``profile`` may take (as ``_could_place`` counts
+    them): its kind, and for MIG its profile."""
+    return (kind, profile.strip().lower() if kind is SliceKind.MIG else "")
+
+
+def _wants(job: Job) -> tuple[tuple[SliceKind, str], bool, int]:
+    """What ``job`` needs at least to be placed: its pool, multi-node or not, slices."""
+    request = job.request
+    return (_pool_of(request.kind, request.profile), request.multi_node, request.minimum)
+
+
 class _Room:
     """How much of each slice type the empty cluster has, to spot jobs that never fit."""
 
@@ -206,6 +221,17 @@ class Replay:
         self._schedule = schedule
         self._teams = dict(teams)
         self._slice_units = {s.id: s.units for n in nodes for s in n.slices}
+        # Free slices per pool (kind and MIG profile) and node, and how many pending jobs ask
+        # for each (pool, multi-node, least slices): whether any pending job could be placed
+        # at all (``_could_place``).
+        self._slice_pool = {
+            s.id: (_pool_of(s.kind, s.profile), n.name) for n in nodes for s in n.slices
+        }
+        self._free: dict[tuple[SliceKind, str], dict[str, int]] = {}
+        for pool, node in self._slice_pool.values():
+            per_node = self._free.setdefault(pool, {})
+            per_node[node] = per_node.get(node, 0) + 1
+        self._wanted: Counter[tuple[tuple[SliceKind, str], bool, int]] = Counter()
         self._capacity = sum(self._slice_units.values())
         # No team limit: a team may borrow up to the whole cluster. (None rather than the
         # capacity, so that a job too big for what is free reads as "no fit", not as "over
@@ -358,7 +384,7 @@ class Replay:
         if not self._pending:
             return
         explain = self._record_etas and bool(self._unseen)
-        skip = len(self._owner) == len(self._slice_units) and not self._preemption_possible()
+        skip = not self._could_place() and not self._preemption_possible()
         if skip:
             self._skipped += 1
             if not explain:
@@ -403,6 +429,24 @@ class Replay:
             )
             for name, spec in self._teams.items()
         }
+
+    def _could_place(self) -> bool:
+        """Whether a pending job could be given slices now: a node with at least as many
+        free slices of its kind as it needs at least (for a multi-node gang, the whole
+        cluster). A necessary condition of any placement: the core places only on free
+        slices of the job's kind (a slice set aside for a reservation is free here too)."""
+        if len(self._owner) == len(self._slice_units):
+            return False
+        free = self._free
+        for (pool, multi_node, least), count in self._wanted.items():
+            if not count:
+                continue
+            per_node = free.get(pool)
+            if per_node is None:
+                continue
+            if least <= (sum(per_node.values()) if multi_node else max(per_node.values())):
+                return True
+        return False
 
     def _reclaim_on(self) -> bool:
         return self._config.policy is Policy.FAIRSHARE and self._config.reclaim
@@ -562,6 +606,8 @@ class Replay:
                     f"core gave slice {slice_id} to {job.id}; {self._owner[slice_id]} holds it"
                 )
             self._owner[slice_id] = job.id
+            pool, node = self._slice_pool[slice_id]
+            self._free[pool][node] -= 1
 
     def _owner_node(self, slice_ids: tuple[str, ...]) -> str:
         return slice_ids[0].split("/", 1)[0] if slice_ids else ""
@@ -570,6 +616,8 @@ class Replay:
         running = self._running.pop(job_id)
         for slice_id in running.slice_ids:
             del self._owner[slice_id]
+            pool, node = self._slice_pool[slice_id]
+            self._free[pool][node] += 1
         live = self._live[job_id]
         live.segments[-1] = replace(live.segments[-1], end_s=now, preempted=preempted)
         job = running.job
@@ -577,6 +625,7 @@ class Replay:
         self._held_by_user[(job.team, job.user)] -= live.units
 
     def _dequeue(self, live: _LiveJob) -> None:
+        self._wanted[_wants(live.job)] -= 1
         sizes = self._queued_sizes[live.trace.tenant]
         sizes[live.asks_units] -= 1
         if not sizes[live.asks_units]:
@@ -600,6 +649,7 @@ class Replay:
             key = (job.team, self._live[job.id].asks_units)
             heapq.heappush(self._patience.setdefault(key, []), (queued_at(job) + wait, job.id))
         self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
+        self._wanted[_wants(job)] += 1
         self._user_usage.setdefault((job.team, job.user), 0.0)
 
     def _result(self) -> SimResult:
