@@ -87,9 +87,19 @@ class _LostRace(IntegrityError):
     """Fewer rows matched than planned: a job left PENDING after we read it."""
 
 
-def apply_decisions(decisions: Decisions, *, loaded: LoadedSnapshot) -> Applied:
+def apply_decisions(
+    decisions: Decisions, *, loaded: LoadedSnapshot, at: datetime | None = None
+) -> Applied:
+    """Write the pass's decisions, dated ``at`` (default: the snapshot's time).
+
+    A running portal passes the clock read after the snapshot was loaded: the pass reads the
+    time before its snapshot, so a slice released by a report that committed in between is
+    free in the snapshot, and an allocation dated with the pass's earlier time would begin
+    before the release that freed its slice (as if the slice were booked twice for that
+    moment). Dated when written, every hold on a slice begins after the one before it ended.
+    """
     applied = Applied()
-    now = loaded.now
+    now = at or loaded.now
     applied.failed = _fail(decisions, loaded, now)
     applied.preempted = _preempt(decisions, loaded, now)
     applied.assigned, applied.conflicts = _assign(decisions.assign, loaded, now)

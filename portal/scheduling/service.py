@@ -66,7 +66,9 @@ def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
             loaded_at = time.perf_counter()
             decisions = schedule(loaded.snapshot, now=when.timestamp(), config=config)
             decided_at = time.perf_counter()
-            applied = apply_decisions(decisions, loaded=loaded)
+            # Dated when written (the clock now, after the snapshot), unless the caller set
+            # the time: see apply_decisions.
+            applied = apply_decisions(decisions, loaded=loaded, at=now or timezone.now())
             applied_at = time.perf_counter()
             _record_pass(
                 when,

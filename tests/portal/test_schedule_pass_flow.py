@@ -10,9 +10,10 @@ from django.utils import timezone
 
 from portal.agents.testing import capture_sent_messages, register_node
 from portal.cluster.models import Slice
+from portal.jobs.attempts import attempt_release_and_charge
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import make_job, make_team, make_user
-from portal.scheduling import lock
+from portal.scheduling import lock, service
 from portal.scheduling.models import SchedulerState
 from portal.scheduling.service import run_schedule_pass
 from portal.scheduling.tasks import schedule_pass
@@ -175,6 +176,40 @@ def test_a_job_that_does_not_fit_stays_pending_with_reason_position_and_estimate
     assert waiting.estimated_start_earliest_at == waiting.estimated_start_at
     assert waiting.estimated_start_latest_at == waiting.estimated_start_at
     assert [m["job_id"] for m, _ in sent.launches()] == [running.pk]
+
+
+def test_a_slice_freed_while_the_pass_loads_is_booked_after_its_release(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The pass reads the clock before its snapshot; a job's release that commits in between
+    frees slices the snapshot then sees free. The next job's allocations are dated when the
+    pass writes them, never before that release (the chaos run found one dated 0.1 s before
+    the release of the slice it took, which read as a double booking)."""
+    team, alice = vision
+    register_node(NODE)
+    first = make_job(name="first", team=team, user=alice, gpu_count=2, time_limit_s=600)
+    _run_pass(django_capture_on_commit_callbacks)
+    first.refresh_from_db()
+    second = make_job(name="second", team=team, user=alice, gpu_count=2, time_limit_s=600)
+    real_load = service.load_snapshot
+
+    def release_then_load(**kwargs):
+        # What a finished report committing just after the pass read its clock does.
+        Job.objects.filter(pk=first.pk).update(state=JobState.SUCCEEDED)
+        ended = timezone.now()
+        attempt_release_and_charge(
+            job_id=first.pk, attempt=first.attempt, ended_at=ended, now=ended
+        )
+        return real_load(**kwargs)
+
+    monkeypatch.setattr(service, "load_snapshot", release_then_load)
+    result, _ = _run_pass(django_capture_on_commit_callbacks)
+
+    assert result.assigned == (second.pk,)
+    released = [a.released_at for a in Allocation.objects.filter(job=first)]
+    booked = [a.created_at for a in Allocation.objects.filter(job=second)]
+    assert len(released) == len(booked) == 2 and None not in released
+    assert min(booked) >= max(released)
 
 
 def test_finished_jobs_of_the_same_shape_shorten_the_estimated_start(
