@@ -10,14 +10,14 @@ the jobs that waited at least 10 minutes, |actual start - estimate| / actual wai
 the worst wait of the jobs that reached it against the stated bound
 (``scheduler.sim.metrics.starvation``, docs/scheduling.md#starvation).
 
-``attribution(...)`` (``--attribute``) replays with durations hidden once more and splits the
-error: the jobs told too early and too late, and of those told too early, the ones that
-later arrivals went ahead of in the queue's order (fair share), which no estimate from the
-present queue can foresee.
+``calibration(..., attribute=True)`` (``--attribute``) replays with durations hidden once more
+and splits the error: the jobs told too early and too late, and of those told too early, the
+ones that later arrivals went ahead of in the queue's order (fair share), which no estimate
+from the present queue can foresee.
 
 ``python -m bench.eta [--trace PATH] [--quotas PATH] [--gpus 256] [--limit-jobs 2000]
-[--attribute] [--json OUT]``; the own traces: ``--trace tests/fixtures/trace_big_gangs.csv --quotas
-tests/fixtures/trace_big_gangs_quotas.csv --gpus 64``.
+[--attribute] [--json OUT]``; the own traces: ``--trace tests/fixtures/trace_big_gangs.csv
+--quotas tests/fixtures/trace_big_gangs_quotas.csv --gpus 64``.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def calibration(
     gpus: int = DEFAULT_GPUS,
     limit_jobs: int | None = DEFAULT_LIMIT_JOBS,
     quotas: str | Path | None = None,
+    attribute: bool = False,
 ) -> dict[str, Any]:
-    """The ETA error of the portal's policy with durations shown and hidden."""
+    """The ETA error of the portal's policy with durations shown and hidden (with
+    ``attribute``, also ``attribution`` of the hidden one, from one more replay)."""
     quota_file = Path(quotas) if quotas is not None else None
     scenario = replace(_scenario(Path(trace), gpus, limit_jobs, quota_file), record_etas=True)
     out: dict[str, Any] = {"trace": str(trace), "gpus": gpus, "limit_jobs": limit_jobs}
@@ -87,6 +89,8 @@ def calibration(
             longest_limit_s=user_limit(longest) if hidden else longest,
             config=config,
         )
+    if attribute:
+        out["hidden"]["attribution"] = attribution(scenario)
     out["target"] = {
         "name": f"median ETA error <= {MEDIAN_TARGET:.0%} with durations hidden",
         "met": out["hidden"]["jobs"] > 0 and out["hidden"]["median_error"] <= MEDIAN_TARGET,
@@ -119,28 +123,19 @@ class _QueueWatch:
         return decisions
 
 
-def attribution(
-    trace: str | Path = DEFAULT_TRACE,
-    *,
-    gpus: int = DEFAULT_GPUS,
-    limit_jobs: int | None = DEFAULT_LIMIT_JOBS,
-    quotas: str | Path | None = None,
-) -> dict[str, Any]:
+def attribution(scenario: Scenario) -> dict[str, Any]:
     """Where the error with durations hidden comes from (``--attribute``): over the jobs of
     the calibration (waited at least 10 minutes, an estimate), those told too early and too
     late, and the jobs told too early that at their start had jobs ahead of them in the
     order which arrived after their estimate (overtaken by later arrivals), with the median
     error of each group and of the others."""
-    quota_file = Path(quotas) if quotas is not None else None
-    scenario = replace(
-        _scenario(Path(trace), gpus, limit_jobs, quota_file), record_etas=True, hide_durations=True
-    )
     watch = _QueueWatch()
-    _, records = simulate(scenario, "fairshare", schedule=watch, check_sharing=False)
-    return attribute(records, watch.first, watch.last_ahead)
+    hidden = replace(scenario, record_etas=True, hide_durations=True)
+    _, records = simulate(hidden, "fairshare", schedule=watch, check_sharing=False)
+    return split_error(records, watch.first, watch.last_ahead)
 
 
-def attribute(
+def split_error(
     records: Sequence[JobRecord],
     first: dict[str, tuple[float, float | None, frozenset[str]]],
     last_ahead: dict[str, frozenset[str]],
@@ -286,14 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    result = calibration(args.trace, gpus=args.gpus, limit_jobs=args.limit_jobs, quotas=args.quotas)
+    result = calibration(
+        args.trace,
+        gpus=args.gpus,
+        limit_jobs=args.limit_jobs,
+        quotas=args.quotas,
+        attribute=args.attribute,
+    )
     print(render_calibration(result))
     if args.attribute:
-        split = attribution(
-            args.trace, gpus=args.gpus, limit_jobs=args.limit_jobs, quotas=args.quotas
-        )
-        result["hidden"]["attribution"] = split
-        print(render_attribution(split))
+        print(render_attribution(result["hidden"]["attribution"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     return 0

@@ -16,7 +16,7 @@ from scheduler.sim.records import JobRecord, Segment
 from scheduler.sim.trace import TraceJob
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.eta import _QueueWatch, attribute  # noqa: E402
+from bench.eta import _QueueWatch, split_error  # noqa: E402
 
 
 def _record(job_id: str, submit: float, start: float) -> JobRecord:
@@ -37,7 +37,7 @@ def test_the_split_counts_the_jobs_told_too_early_that_later_arrivals_went_ahead
         "y": (500.0, 600.0, frozenset()),
     }
     last_ahead = {"x": frozenset({"y"}), "w": frozenset({"x"}), "z": frozenset()}
-    assert attribute(records, first, last_ahead) == {
+    assert split_error(records, first, last_ahead) == {
         "early": {"jobs": 2, "median_error": 0.3},
         "late": {"jobs": 1, "median_error": 0.5},
         "early_overtaken": {"jobs": 1, "median_error": 0.5},
@@ -71,7 +71,7 @@ def test_the_watch_keeps_the_estimates_the_replay_keeps_and_the_jobs_ahead() -> 
     }
     assert watch.first["C"] == (1020.0, 5600.0, frozenset({"B"}))
     assert watch.last_ahead["C"] == frozenset()  # B started at 2000, C's last wait was alone
-    split = attribute(result.records, watch.first, watch.last_ahead)
+    split = split_error(result.records, watch.first, watch.last_ahead)
     assert split["late"] == {
         "jobs": 2,
         "median_error": pytest.approx((0 + 3100 / 1480) / 2, abs=1e-4),
