@@ -245,8 +245,9 @@ class PassMemo:
 
 class Carry:
     """What one pass leaves to the next: facts about single jobs that do not depend on the
-    state of the cluster, for a caller that runs pass after pass (the portal's scheduler
-    process) and keeps this object between them: ``schedule(..., carry=carry)``. The core
+    state of the cluster, for a caller that runs pass after pass and keeps this object
+    between them: ``schedule(..., carry=carry)`` (the simulator, which hands the core the
+    same ``Job`` objects pass after pass: ``scheduler.sim.runner.carrying``). The core
     stays pure: the caller owns the object, and a pass given a new one (or none) decides the
     same, only at the cost of working the facts out again.
 
@@ -259,7 +260,8 @@ class Carry:
     object itself, and taken only when the pass meets that very object again (``is``): jobs
     are frozen, so an object that is still the same holds the same values, and keeping it
     alive means its ``id`` is not reused while the entry exists. A job whose row changed is a
-    new object (the portal's shell builds one) and is nominated afresh. What a candidate
+    new object (a requeued or changed job; a shell that builds new objects each pass gains
+    nothing) and is nominated afresh. What a candidate
     depends on besides its job is checked: its team's ``max_priority`` per job; per pass the
     cluster's shape (a new ``ClusterShape`` when the node list changes), the classes,
     ``clamp_priority``, ``preempt_by_priority`` and the policy (whether classes gate the
