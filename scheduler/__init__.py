@@ -6,6 +6,7 @@ No Django, no Celery, no I/O, no clock: the portal's shell and the simulator bui
 
 from scheduler.config import ALL_CACHES, Cache, Policy, SchedulerConfig
 from scheduler.core import schedule
+from scheduler.memo import Carry
 from scheduler.model import (
     MIG_COMPUTE_SLICES_PER_GPU,
     Assign,
@@ -33,6 +34,7 @@ from scheduler.standing import JobPriority, Standing, TeamStanding, UserStanding
 from scheduler.units import billed_units, decay, mig_units, parse_mig_profile
 
 __all__ = [
+    "Carry",
     "ALL_CACHES",
     "MIG_COMPUTE_SLICES_PER_GPU",
     "Assign",

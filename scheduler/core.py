@@ -35,7 +35,7 @@ from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
 from scheduler.explain import Explainer, Left, Placed, capacity_reason, no_fit_numbers
-from scheduler.memo import PassMemo
+from scheduler.memo import Carry, PassMemo
 from scheduler.model import (
     Assign,
     Decisions,
@@ -63,10 +63,16 @@ from scheduler.standing import standing_of
 SETTLED: frozenset[str] = frozenset()  # the scope once no job can change a decision any more
 
 
-def schedule(snapshot: Snapshot, *, now: float, config: SchedulerConfig) -> Decisions:
+def schedule(
+    snapshot: Snapshot, *, now: float, config: SchedulerConfig, carry: Carry | None = None
+) -> Decisions:
     """Decide which pending jobs start where, which running jobs are preempted, and why the
     others wait. See the module docstring for the steps and ``docs/scheduling.md`` for the
-    policy."""
+    policy.
+
+    ``carry``: what the last pass given the same object learnt about single jobs, for a
+    caller that runs pass after pass (``scheduler.memo.Carry``); the decisions are the same
+    with it, with a new one or with none."""
     # The pass allocates many short-lived objects next to a large snapshot; the cyclic
     # garbage collector would walk the snapshot again and again for nothing (it holds no
     # cycles we make), so it pauses for the pass and resumes as the caller had it.
@@ -74,14 +80,16 @@ def schedule(snapshot: Snapshot, *, now: float, config: SchedulerConfig) -> Deci
     if paused:
         gc.disable()
     try:
-        return _schedule(snapshot, now, config)
+        return _schedule(snapshot, now, config, carry)
     finally:
         if paused:
             gc.enable()
 
 
-def _schedule(snapshot: Snapshot, now: float, config: SchedulerConfig) -> Decisions:
-    cycle = Cycle(snapshot, now, config)
+def _schedule(
+    snapshot: Snapshot, now: float, config: SchedulerConfig, carry: Carry | None
+) -> Decisions:
+    cycle = Cycle(snapshot, now, config, carry)
     # 1. Snapshot: free capacity and holdings.
     cycle.index_cluster()
     # 2. Nominate: settle dependencies, classes and impossible requests.
@@ -122,7 +130,13 @@ class Rules(Protocol):
 class Cycle:
     """The state of one pass. Steps 1 and 2 build it; ``admit`` changes it job by job."""
 
-    def __init__(self, snapshot: Snapshot, now: float, config: SchedulerConfig) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        now: float,
+        config: SchedulerConfig,
+        carry: Carry | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.now = now
         self.config = config
@@ -134,6 +148,9 @@ class Cycle:
         caches = config.caches
         self.classes = {name: rank for rank, name in enumerate(config.priority_classes)}
         self.shape = shape_of(snapshot.nodes, remember=Cache.NODE_LIST in caches)
+        self.carry = carry
+        if carry is not None:
+            carry.begin(self.shape, config)
         self.teams: dict[str, Team] = dict(snapshot.teams)  # plus unknown ones, by default
         self.fair = FairShare({}, {}, {}, {})  # the fair-share standing (FairShareRules)
         self.assign: list[Assign] = []
@@ -202,6 +219,7 @@ class Cycle:
         """The pending jobs that may be considered now, in the snapshot's order."""
         caches = self.config.caches
         shape = self.shape
+        carried, keep = (None, None) if self.carry is None else self.carry.candidates(caches)
         nominate = Nominator(
             config=self.config,
             classes=self.classes,
@@ -210,6 +228,8 @@ class Cycle:
             request_info=shape.request_info if Cache.REQUESTS in caches else shape.describe,
             dependency_states=self.snapshot.dependency_states,
             gate_classes=self.rules.classes,
+            carried=carried,
+            keep=keep,
         )
         self.fail, self.parked = nominate.fail, nominate.parked
         if not self.listing and isinstance(self.rules, Fifo):

@@ -53,14 +53,15 @@ removed: the largest free count per request at the end of the pass, failed victi
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
-from scheduler.config import Cache
+from scheduler.config import Cache, SchedulerConfig
 from scheduler.model import PendingCode, Reason
-from scheduler.order import Candidate, queued_at
+from scheduler.order import Candidate, Carried, queued_at
 from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
 Key = tuple[object, ...]
@@ -116,6 +117,10 @@ class PassMemo:
         self._releases: dict[tuple[str, str], Releases] | None = (
             {} if Cache.RELEASES in caches else None
         )
+        # The distinct start times of the reservations, sorted, and how many reservations
+        # there were then (``verdict``).
+        self._starts: list[float] = []
+        self._starts_of = 0
 
     # -- step 4: answers under a stamp ---------------------------------------------------------
 
@@ -147,11 +152,15 @@ class PassMemo:
         limit = c.job.time_limit_s
         reservations = self._reservations
         if reservations and limit is not None:
-            ends = self._now + limit
-            if len(reservations) == 1:
-                key = (*key, reservations[0].lets(ends))
-            else:
-                key = (*key, *[r.lets(ends) for r in reservations])
+            # Which reservations' set-aside slices it may use (``Reservation.lets``): the
+            # reservations that start at or after it ends. The list only grows, and every
+            # reservation changes the stamp, so under one stamp that set is told by how
+            # many distinct start times come before its end (one bisection, not one call
+            # per reservation).
+            if self._starts_of != len(reservations):
+                self._starts = sorted({r.at for r in reservations if r.at is not None})
+                self._starts_of = len(reservations)
+            key = (*key, bisect_left(self._starts, self._now + limit))
         pools = c.pools
         get = self._pool_version.get
         if len(pools) == 1:
@@ -232,3 +241,61 @@ class PassMemo:
     @property
     def remembers_releases(self) -> bool:
         return self._releases is not None
+
+
+class Carry:
+    """What one pass leaves to the next: facts about single jobs that do not depend on the
+    state of the cluster, for a caller that runs pass after pass and keeps this object
+    between them: ``schedule(..., carry=carry)`` (the simulator, which hands the core the
+    same ``Job`` objects pass after pass: ``scheduler.sim.runner.carrying``). The core
+    stays pure: the caller owns the object, and a pass given a new one (or none) decides the
+    same, only at the cost of working the facts out again.
+
+    - ``Cache.CARRIED_CANDIDATES``: each pending job as the last pass made it a candidate
+      (``scheduler.nominate``: its class, matching pools, minimum, unit and verdict shape),
+      by the job's identity, while its team's highest class is the same; the pass puts its
+      own team record in (usage and limits change between passes).
+
+    Invalidation contract. A candidate is kept under the ``id`` of its job object next to the
+    object itself, and taken only when the pass meets that very object again (``is``): jobs
+    are frozen, so an object that is still the same holds the same values, and keeping it
+    alive means its ``id`` is not reused while the entry exists. A job whose row changed is a
+    new object (a requeued or changed job; a shell that builds new objects each pass gains
+    nothing) and is nominated afresh. What a candidate
+    depends on besides its job is checked: its team's ``max_priority`` per job; per pass the
+    cluster's shape (a new ``ClusterShape`` when the node list changes), the classes,
+    ``clamp_priority``, ``preempt_by_priority`` and the policy (whether classes gate the
+    queue), and a pass that meets any of these changed drops every candidate. A job's
+    dependencies are checked every pass before its candidate is taken, and jobs that fail
+    or are parked are not kept. Each pass keeps the candidates it met and no others, so jobs
+    that left the queue are forgotten at the next pass.
+    """
+
+    __slots__ = ("_shape", "_config", "_candidates")
+
+    def __init__(self) -> None:
+        self._shape: ClusterShape | None = None
+        self._config: tuple[object, ...] = ()
+        self._candidates: dict[int, Carried] = {}
+
+    def begin(self, shape: ClusterShape, config: SchedulerConfig) -> None:
+        """A pass over ``shape`` with ``config`` begins: what was kept for others is void."""
+        depends = (
+            config.priority_classes,
+            config.clamp_priority,
+            config.preempt_by_priority,
+            config.policy,
+        )
+        if shape is not self._shape or depends != self._config:
+            self._shape, self._config = shape, depends
+            self._candidates = {}
+
+    def candidates(
+        self, caches: frozenset[Cache]
+    ) -> tuple[dict[int, Carried] | None, dict[int, Carried] | None]:
+        """The candidates the last pass kept, and where this pass keeps them (None, None with
+        ``Cache.CARRIED_CANDIDATES`` off)."""
+        if Cache.CARRIED_CANDIDATES not in caches:
+            return None, None
+        kept, self._candidates = self._candidates, {}
+        return kept, self._candidates

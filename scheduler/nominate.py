@@ -26,7 +26,7 @@ from scheduler.model import (
     PendingCode,
     Team,
 )
-from scheduler.order import Candidate, age_key
+from scheduler.order import Candidate, Carried, age_key
 from scheduler.quota import Numbers
 
 
@@ -43,6 +43,8 @@ class Nominator:
         request_info: Callable[[GpuRequest], RequestInfo],
         dependency_states: Mapping[str, DependencyState],
         gate_classes: bool,
+        carried: Mapping[int, Carried] | None = None,
+        keep: dict[int, Carried] | None = None,
     ) -> None:
         self.fail: list[Fail] = []
         self.parked: list[Left] = []
@@ -54,6 +56,10 @@ class Nominator:
         self._gate_classes = gate_classes  # (the FIFO baselines let every class in)
         self._clamp = config.clamp_priority
         self._by_class = config.preempt_by_priority
+        # Each job as the last pass over the same cluster, with the same classes, made it a
+        # candidate, by the job's identity (``scheduler.memo.Carry``), and for the next one.
+        self._carried = carried.get if carried else None
+        self._keep = keep
 
     def candidate(self, job: Job) -> Candidate | None:
         """``job`` as a candidate, or None (then it failed or is parked)."""
@@ -71,6 +77,17 @@ class Nominator:
         team = self._teams.get(job.team)
         if team is None:
             team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
+        carried = self._carried
+        if carried is not None:
+            found = carried(id(job))
+            # The same job, and its team allows the same classes: the same candidate, but for
+            # the team's record (its usage and limits are the pass's).
+            if found is not None and found[0] is job and found[1] == team.max_priority:
+                c = found[2]
+                c.team = team
+                if self._keep is not None:
+                    self._keep[id(job)] = found
+                return c
         classes = self._classes
         rank = classes.get(job.priority, 0)
         if self._gate_classes:
@@ -91,7 +108,10 @@ class Nominator:
         by_class = rank if self._by_class else 0
         # (no member: a verdict records which members it holds for, ``scheduler.memo``)
         shape = (job.team, info.pools, info.minimum, by_class, request.multi_node)
-        return Candidate(job, team, rank, info.pools, info.unit, info.minimum, request.count, shape)
+        c = Candidate(job, team, rank, info.pools, info.unit, info.minimum, request.count, shape)
+        if self._keep is not None:
+            self._keep[id(job)] = (job, team.max_priority, c)
+        return c
 
     def _dependency(self, job: Job) -> str | None | bool:
         """None: free to go; a job id: still waiting for it; False: failed for good."""

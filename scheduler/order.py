@@ -68,6 +68,11 @@ class Candidate:
     shape: tuple[object, ...] = ()
 
 
+# A candidate a pass keeps for the next one (``scheduler.memo.Carry``): the job, its team's
+# highest class then, the candidate.
+Carried = tuple[Job, str, Candidate]
+
+
 def age_key(job: Job) -> AgeKey:
     """Submit order: when the job started queueing (kept across requeues), then its id."""
     queued = job.queued_since if job.queued_since is not None else job.submitted_at

@@ -13,10 +13,12 @@ import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from scheduler import core
 from scheduler.config import Policy, SchedulerConfig
+from scheduler.memo import Carry
 from scheduler.sim.cluster import DEFAULT_QUOTA_NODES, ClusterSpec, TeamSpec, build_nodes
 from scheduler.sim.engine import ProgressFn, ScheduleFn, SimResult, replay
 from scheduler.sim.metrics import (
@@ -89,6 +91,15 @@ class PrivateRun:
     wall_s: float
 
 
+def carrying(schedule: ScheduleFn) -> ScheduleFn:
+    """The core's pass with one ``scheduler.Carry`` for a whole replay: the replay hands the
+    core the same ``Job`` objects pass after pass, so each pending job is made a candidate
+    once, not once per pass (the decisions are the same). Any other ``schedule`` as it is."""
+    if schedule is not core.schedule:
+        return schedule
+    return partial(core.schedule, carry=Carry())
+
+
 def run_shared(scenario: Scenario, policy: str, schedule: ScheduleFn) -> tuple[SimResult, float]:
     """Replay the whole trace on the shared cluster; returns the result and wall seconds."""
     started = time.perf_counter()
@@ -97,7 +108,7 @@ def run_shared(scenario: Scenario, policy: str, schedule: ScheduleFn) -> tuple[S
         nodes=build_nodes(scenario.cluster),
         teams=scenario.teams,
         config=config_for(policy, scenario.base_config),
-        schedule=schedule,
+        schedule=carrying(schedule),
         gpus_per_node=scenario.cluster.gpus_per_node,
         progress=scenario.progress,
         hide_durations=scenario.hide_durations,
@@ -124,7 +135,7 @@ def run_private(scenario: Scenario, schedule: ScheduleFn) -> PrivateRun:
             nodes=build_nodes(partition),
             teams={name: team},
             config=config,
-            schedule=schedule,
+            schedule=carrying(schedule),
             gpus_per_node=partition.gpus_per_node,
             hide_durations=scenario.hide_durations,
         )

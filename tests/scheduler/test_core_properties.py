@@ -11,6 +11,7 @@ from sched_builders import MIG, MPS, WHOLE
 
 from scheduler import (
     Cache,
+    Carry,
     Dependency,
     DependencyState,
     GpuRequest,
@@ -464,3 +465,93 @@ def test_no_decision_of_a_reclaim_that_waits_for_room_depends_on_a_cache(
     assert schedule(snap, now=NOW, config=replace(config, caches=kept)) == cached
     # Only reclaim preempts here, and only o borrows.
     assert all(p.reason == "reclaim" and p.job_id.startswith("o-") for p in cached.preempt)
+
+
+@st.composite
+def pass_sequences(draw: st.DrawFn) -> list[Snapshot]:
+    """Snapshots of passes that follow one another, as a portal or a replay meets them: each
+    one the last one changed a little (jobs added, removed or changed, the last pass's
+    decisions applied, running jobs ended, nodes changed), what did not change kept as the
+    same objects."""
+    snap = draw(snapshots())
+    sequence = [snap]
+    for step in range(draw(st.integers(1, 4))):
+        pending = list(snap.pending)
+        running = list(snap.running)
+        nodes = snap.nodes
+        teams = dict(snap.teams)
+        for change in draw(st.lists(st.integers(0, 9), min_size=1, max_size=3)):
+            if change == 0:  # arrivals
+                pending += [
+                    _job(draw, f"s{step}-{k}", nodes) for k in range(draw(st.integers(1, 3)))
+                ]
+            elif change == 1 and pending:  # a pending job leaves (cancelled)
+                del pending[draw(st.integers(0, len(pending) - 1))]
+            elif change == 2 and pending:  # a pending job's row changed: a new object
+                k = draw(st.integers(0, len(pending) - 1))
+                old = pending[k]
+                pending[k] = replace(
+                    old,
+                    request=_request(draw, nodes),
+                    priority=draw(st.sampled_from(("low", "normal", "high"))),
+                )
+            elif change == 3 and running:  # a running job ended
+                del running[draw(st.integers(0, len(running) - 1))]
+            elif change == 4 and running:  # a running job is being stopped: a new object
+                k = draw(st.integers(0, len(running) - 1))
+                running[k] = replace(running[k], preempting_since=NOW - 1.0)
+            elif change == 5:  # the last pass's starts applied
+                decided = schedule(snap, now=NOW, config=SchedulerConfig())
+                started = {a.job_id: a for a in decided.assign}
+                running += [
+                    RunningJob(j, started[j.id].node, started[j.id].slice_ids, NOW)
+                    for j in pending
+                    if j.id in started
+                ]
+                pending = [j for j in pending if j.id not in started]
+            elif change == 6:  # a node drained, or back
+                k = draw(st.integers(0, len(nodes) - 1))
+                drained = replace(nodes[k], schedulable=not nodes[k].schedulable or k == 0)
+                nodes = (*nodes[:k], drained, *nodes[k + 1 :])
+            elif change == 7:  # the same nodes read anew from the database
+                nodes = _rebuilt(nodes)
+            elif change == 8 and len(nodes) > 1:  # a node lost
+                nodes = nodes[:-1]
+            elif change == 9:  # a team's record: new usage, perhaps another highest class
+                name = draw(st.sampled_from(TEAMS))
+                teams[name] = replace(
+                    teams[name],
+                    usage=teams[name].usage + 1000.0,
+                    max_priority=draw(st.sampled_from(("normal", "high"))),
+                )
+        snap = replace(
+            snap, nodes=nodes, teams=teams, pending=tuple(pending), running=tuple(running)
+        )
+        sequence.append(snap)
+    return sequence
+
+
+@PROPERTY
+@given(pass_sequences(), configs, st.booleans(), st.frozensets(st.sampled_from(list(Cache))))
+def test_no_decision_depends_on_what_a_pass_carries_over(
+    sequence: list[Snapshot], config: SchedulerConfig, explain: bool, kept: frozenset[Cache]
+) -> None:
+    # Pass after pass with one Carry (every cache on, and only some), every decision, reason,
+    # number, position and estimate is that of a pass with every cache off and nothing
+    # carried over, whatever changed in between; the grace period changes once, and so do
+    # the class rules.
+    config = replace(config, explain=explain)
+    carry, some = Carry(), Carry()
+    for k, snap in enumerate(sequence):
+        each = config
+        if k == 2:
+            each = replace(config, grace_period_s=60.0)
+        elif k == 3:
+            each = replace(
+                config,
+                preempt_by_priority=not config.preempt_by_priority,
+                clamp_priority=not config.clamp_priority,
+            )
+        expected = schedule(snap, now=NOW, config=replace(each, caches=frozenset()))
+        assert schedule(snap, now=NOW, config=each, carry=carry) == expected
+        assert schedule(snap, now=NOW, config=replace(each, caches=kept), carry=some) == expected

@@ -1,0 +1,113 @@
+"""What a pass carries over to the next (``scheduler.memo.Carry``): each pending job as a
+candidate, taken only for the very job object it was made for, while its team allows the
+same classes, over the same cluster and with the same class rules."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from sched_builders import codes, job, running, snapshot, whole_node
+
+from scheduler import Cache, Carry, SchedulerConfig, Team, schedule
+from scheduler.cluster import ClusterShape
+
+NOW = 1000.0
+EVERY = SchedulerConfig()
+NONE = SchedulerConfig(caches=frozenset())
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Every request the cluster is asked about, from now on."""
+    asked: list[object] = []
+    original = ClusterShape.request_info
+
+    def request_info(self: ClusterShape, request: object) -> object:
+        asked.append(request)
+        return original(self, request)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClusterShape, "request_info", request_info)
+    return asked
+
+
+def test_the_next_pass_takes_an_unchanged_jobs_request_from_the_carry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    nodes = (whole_node("n0", 2),)
+    waiting = [job(f"p{k}", count=2, at=float(k)) for k in range(3)]
+    held = running(job("r", count=2), ["n0-g0", "n0-g1"])
+    snap = snapshot(nodes, waiting, [held])
+    carry = Carry()
+    first = schedule(snap, now=NOW, config=EVERY, carry=carry)
+    asked = _counting(monkeypatch)
+    arrived = job("p9", count=1, at=9.0)
+    later = replace(snap, pending=(*snap.pending, arrived))
+    second = schedule(later, now=NOW, config=EVERY, carry=carry)
+    assert asked == [arrived.request]  # only the new job's request is looked up
+    assert not first.assign and len(first.pending) == 3  # all three carried as pending
+    assert second == schedule(later, now=NOW, config=NONE)
+
+
+def test_switched_off_nothing_is_carried(monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = snapshot((whole_node("n0", 2),), [job("p0", count=4)])
+    off = replace(EVERY, caches=EVERY.caches - {Cache.CARRIED_CANDIDATES})
+    carry = Carry()
+    schedule(snap, now=NOW, config=off, carry=carry)
+    asked = _counting(monkeypatch)
+    schedule(snap, now=NOW, config=off, carry=carry)
+    assert len(asked) == 1
+
+
+def test_a_changed_node_list_voids_what_was_carried_for_the_old_cluster() -> None:
+    # The H100 job could run only on n1: once n1 is gone, no node could ever hold it.
+    nodes = (whole_node("n0", 2), whole_node("n1", 2, model="H100"))
+    h100 = job("p0", count=1, model="H100")
+    busy = running(job("r", count=2), ["n1-g0", "n1-g1"])
+    snap = snapshot(nodes, [h100], [busy])
+    carry = Carry()
+    assert codes(schedule(snap, now=NOW, config=EVERY, carry=carry))["p0"] != "NO_MATCHING_SLICES"
+    lost = replace(snap, nodes=nodes[:1])
+    after = schedule(lost, now=NOW, config=EVERY, carry=carry)
+    assert codes(after) == {"p0": "NO_MATCHING_SLICES"}
+    assert after == schedule(lost, now=NOW, config=NONE)
+
+
+def test_a_team_that_no_longer_allows_the_class_parks_the_carried_job() -> None:
+    nodes = (whole_node("n0", 2),)
+    high = job("p0", count=2, priority="high")
+    allowed = Team("a", max_priority="high")
+    busy = running(job("r", "b", count=2), ["n0-g0", "n0-g1"])
+    snap = snapshot(nodes, [high], [busy], teams=[allowed])
+    carry = Carry()
+    assert codes(schedule(snap, now=NOW, config=EVERY, carry=carry))["p0"] != "PRIORITY_NOT_ALLOWED"
+    lowered = replace(snap, teams={**snap.teams, "a": replace(allowed, max_priority="normal")})
+    after = schedule(lowered, now=NOW, config=EVERY, carry=carry)
+    assert codes(after) == {"p0": "PRIORITY_NOT_ALLOWED"}
+    assert after == schedule(lowered, now=NOW, config=NONE)
+
+
+def test_other_class_rules_void_the_carried_candidates() -> None:
+    # With preemption by class, a job's class is part of its verdict's shape: the high job
+    # may take the low one's GPUs.
+    nodes = (whole_node("n0", 2),)
+    low = running(job("r", "b", count=2, priority="low"), ["n0-g0", "n0-g1"])
+    queue = [job("p0", count=2, priority="high"), job("p1", count=2, at=1.0)]
+    snap = snapshot(nodes, queue, [low], teams=[Team("a", max_priority="high")])
+    carry = Carry()
+    schedule(snap, now=NOW, config=EVERY, carry=carry)
+    by_class = replace(EVERY, preempt_by_priority=True)
+    after = schedule(snap, now=NOW, config=by_class, carry=carry)
+    assert after == schedule(snap, now=NOW, config=replace(by_class, caches=frozenset()))
+
+
+def test_without_clamping_a_carried_clamped_job_is_parked() -> None:
+    nodes = (whole_node("n0", 2),)
+    busy = running(job("r", "b", count=2), ["n0-g0", "n0-g1"])
+    snap = snapshot(nodes, [job("p0", count=2, priority="high")], [busy])
+    carry = Carry()
+    clamped = replace(EVERY, clamp_priority=True)
+    assert (
+        codes(schedule(snap, now=NOW, config=clamped, carry=carry))["p0"] != "PRIORITY_NOT_ALLOWED"
+    )
+    after = schedule(snap, now=NOW, config=EVERY, carry=carry)
+    assert codes(after) == {"p0": "PRIORITY_NOT_ALLOWED"}
