@@ -171,7 +171,7 @@ def fairness(
     held_s = dict.fromkeys(teams, 0.0)
     fair_s = dict.fromkeys(teams, 0.0)
     previous = changes[0][0] if changes else 0.0
-    for time, team, d_held, d_queued in changes:
+    for time, team, d_held, d_queued, _ in changes:
         elapsed = time - previous
         if elapsed > 0:
             demand = {t: held[t] + queued[t] for t in teams}
@@ -207,22 +207,23 @@ def _fair_shares(
     return water_fill(demand, weights, capacity)
 
 
-def _demand_changes(records: Iterable[JobRecord]) -> list[tuple[float, str, float, float]]:
-    """(time, team, change in held, change in queued) for every job's queue and run spans."""
+def _demand_changes(records: Iterable[JobRecord]) -> list[tuple[float, str, float, float, str]]:
+    """(time, team, change in held, change in queued, job id) for every job's queue and run
+    spans."""
     horizon = max((s.end_s for r in records for s in r.segments), default=0.0)
     horizon = max([horizon, *(r.submit_s for r in records)])
-    changes: list[tuple[float, str, float, float]] = []
+    changes: list[tuple[float, str, float, float, str]] = []
     for record in records:
-        team, units = record.tenant, record.gpus
+        team, units, job = record.tenant, record.gpus, record.job_id
         queued_from = record.submit_s
         for segment in record.segments:
-            changes.append((queued_from, team, 0.0, units))
-            changes.append((segment.start_s, team, units, -units))
-            changes.append((segment.end_s, team, -units, 0.0))
+            changes.append((queued_from, team, 0.0, units, job))
+            changes.append((segment.start_s, team, units, -units, job))
+            changes.append((segment.end_s, team, -units, 0.0, job))
             queued_from = segment.end_s
         if not record.finished:  # still queued when the replay ended
-            changes.append((queued_from, team, 0.0, units))
-            changes.append((horizon, team, 0.0, -units))
+            changes.append((queued_from, team, 0.0, units, job))
+            changes.append((horizon, team, 0.0, -units, job))
     return changes
 
 
