@@ -86,6 +86,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--segments", required=True, help="the replay's --jobs-out CSV")
     parser.add_argument("--limit-jobs", type=int)
+    parser.add_argument(
+        "--until",
+        type=float,
+        help="the segments are a replay cut at this simulated time (running jobs end there): "
+        "leave out the jobs submitted later; the makespan lines then mean nothing",
+    )
     parser.add_argument("--windows", type=int, default=8)
     parser.add_argument("--short-s", type=float, default=600.0)
     parser.add_argument(
@@ -97,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     trace_jobs = load_trace(args.trace, limit=args.limit_jobs)
+    if args.until is not None:
+        trace_jobs = [j for j in trace_jobs if j.submit_s <= args.until]
     durations = {j.id: j.duration_s for j in trace_jobs}
     records = load_records(Path(args.segments), durations)
     records += _unstarted(trace_jobs, {r.job_id for r in records})
@@ -132,6 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fair_q = dict.fromkeys(teams, 0.0)  # fair share, integrated while queued
     win_ratio: list[dict[str, float]] = [defaultdict(float) for _ in range(args.windows)]
     win_queued: list[dict[str, float]] = [defaultdict(float) for _ in range(args.windows)]
+    win_idle = [0.0] * args.windows  # idle GPU-seconds while jobs wait
     idle: dict[str, float] = defaultdict(float)
     # The shortfall of queued teams below their fair share, and who holds the excess.
     running: dict[str, dict[str, tuple[float, float]]] = {t: {} for t in teams}
@@ -160,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if waiting and free > _EPSILON:
                 smallest = min(waiting)
                 idle["while_queued"] += free * elapsed
+                win_idle[window] += free * elapsed
                 if smallest <= free + _EPSILON:
                     if smallest < 8:
                         idle["sub_node_job_fits_by_count"] += free * elapsed
@@ -273,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{deficit[t] / 3.6e6:8.1f} ({deficit_in_guar[t] / 3.6e6:6.1f})  "
             f"{mean_wait:11.0f}  {jain_index(others):.4f}"
         )
-    print("\nwindow (days)        jain   teams  lowest three")
+    print("\nwindow (days)        jain   teams  idle_GPUh_while_queued  lowest three")
     for w in range(args.windows):
         wr = {t: win_ratio[w][t] / q for t, q in win_queued[w].items() if q > 0}
         low = sorted(wr.items(), key=lambda item: item[1])[:3]
@@ -281,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         b = (start + (w + 1) * window_len) / 86400
         print(
             f"{a:6.1f} - {b:6.1f}   {jain_index(list(wr.values())):.4f}  {len(wr):5d}  "
-            + ", ".join(f"{t} {v:.2f}" for t, v in low)
+            f"{win_idle[w] / 3600:22.0f}  " + ", ".join(f"{t} {v:.2f}" for t, v in low)
         )
 
     print("\nidle GPU-hours")
