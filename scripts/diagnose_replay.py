@@ -36,10 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from scheduler.sim.cluster import build_teams  # noqa: E402
 from scheduler.sim.metrics import (  # noqa: E402
-    _demand_changes,
-    _fair_shares,
     jain_index,
     makespan_lower_bound,
+    share_ratio,
+    share_sweep,
 )
 from scheduler.sim.records import JobRecord, Segment  # noqa: E402
 from scheduler.sim.trace import TraceJob, load_quotas, load_trace  # noqa: E402
@@ -114,17 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     guarantee = {n: float(t.guaranteed_gpus) for n, t in teams_spec.items()}
     capacity = float(args.gpus)
 
-    # Events: (time, team, d_held, d_queued) as the metrics sweep them, plus the size of the
-    # job whose queue state changes, to know the smallest waiting job at every moment.
-    events: list[tuple[float, str, float, float, str]] = sorted(
-        _demand_changes(records), key=lambda change: change[0]
-    )
     teams = sorted({r.tenant for r in records})
-    start = events[0][0]
+    start = min(r.submit_s for r in records)
     last_submit = max(r.submit_s for r in records)
     window_len = (last_submit - start) / args.windows  # the last window runs to the end
-    held = dict.fromkeys(teams, 0.0)
-    queued = dict.fromkeys(teams, 0.0)
     sizes: dict[str, Counter[float]] = {t: Counter() for t in teams}
     all_sizes: Counter[float] = Counter()
     ratio_s = dict.fromkeys(teams, 0.0)
@@ -149,7 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     deficit: dict[str, float] = defaultdict(float)
     deficit_in_guar: dict[str, float] = defaultdict(float)
     excess: dict[str, float] = defaultdict(float)
-    previous = start
 
     def close_spell(team: str) -> None:
         if spell_len[team] < args.short_s:
@@ -157,11 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             short_queued_s[team] += spell_len[team]
         spell_ratio[team] = spell_len[team] = 0.0
 
-    for time, team, d_held, d_queued, job_id in events:
-        elapsed = time - previous
+    # The metrics' sweep, with the sizes of the waiting jobs and the running jobs' starts.
+    for span in share_sweep(records, weights, capacity):
+        time, team, d_held, d_queued, job_id = span.change
+        elapsed, previous = span.elapsed, span.start
+        held, queued, fair = span.held, span.queued, span.fair
         if elapsed > 0:
-            demand = {t: held[t] + queued[t] for t in teams}
-            fair = _fair_shares(demand, weights, capacity)
             free = capacity - sum(held.values())
             window = min(args.windows - 1, int((previous - start) / window_len))
             idle["total"] += free * elapsed
@@ -207,28 +200,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                             break
             for t in teams:
                 if queued[t] > _EPSILON:
-                    got = held[t] / fair[t] if fair[t] > _EPSILON else 1.0
-                    share_ratio = min(1.0, got)
-                    ratio_s[t] += share_ratio * elapsed
+                    ratio = share_ratio(held[t], fair[t])
+                    ratio_s[t] += ratio * elapsed
                     queued_s[t] += elapsed
-                    spell_ratio[t] += share_ratio * elapsed
+                    spell_ratio[t] += ratio * elapsed
                     spell_len[t] += elapsed
-                    win_ratio[window][t] += share_ratio * elapsed
+                    win_ratio[window][t] += ratio * elapsed
                     win_queued[window][t] += elapsed
                     mine = [s for s, c in sizes[t].items() if c > 0]
-                    if share_ratio < 1.0 - _EPSILON and mine and min(mine) <= free + _EPSILON:
+                    if ratio < 1.0 - _EPSILON and mine and min(mine) <= free + _EPSILON:
                         under_with_idle_s[t] += elapsed
                     if mine and held[t] + min(mine) <= guarantee[t] + _EPSILON:
                         within_guarantee_s[t] += elapsed
-                    if (
-                        mine
-                        and share_ratio < 1.0 - _EPSILON
-                        and held[t] + min(mine) > fair[t] + _EPSILON
-                    ):
+                    if mine and ratio < 1.0 - _EPSILON and held[t] + min(mine) > fair[t] + _EPSILON:
                         bigger_than_share_s[t] += elapsed
                     held_q[t] += held[t] * elapsed
                     fair_q[t] += fair[t] * elapsed
-            previous = time
         units = abs(d_held) if d_held else abs(d_queued)
         if d_held > 0:
             running[team][job_id] = (time, units)
@@ -240,10 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif d_queued < 0:
             sizes[team][units] -= 1
             all_sizes[units] -= 1
-        was_queued = queued[team] > _EPSILON
-        held[team] += d_held
-        queued[team] += d_queued
-        if was_queued and queued[team] <= _EPSILON:
+        if queued[team] > _EPSILON and queued[team] + d_queued <= _EPSILON:
             close_spell(team)
     for t in teams:
         close_spell(t)
