@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.runtimes import percentile as quantile
@@ -158,34 +158,67 @@ class Fairness:
     jain_waiting: float
 
 
-def fairness(
+@dataclass(frozen=True, slots=True)
+class Span:
+    """One stretch of the fairness sweep: from ``start`` for ``elapsed`` seconds every team
+    held ``held`` and queued ``queued`` units and was due ``fair`` (water-filled; empty
+    when ``elapsed`` is 0); at its end the ``change`` (time, team, change in held, change in
+    queued, job id) applies. The dicts are the sweep's own, updated after each span."""
+
+    start: float
+    elapsed: float
+    held: Mapping[str, float]
+    queued: Mapping[str, float]
+    fair: Mapping[str, float]
+    change: tuple[float, str, float, float, str]
+
+
+def share_sweep(
     records: Sequence[JobRecord], weights: Mapping[str, float], capacity: float
-) -> Fairness:
-    """Sweep held and queued GPUs per team over time against their water-filled share."""
+) -> Iterator[Span]:
+    """Held and queued GPUs per team over time, with their water-filled shares."""
     changes = sorted(_demand_changes(records), key=lambda change: change[0])
     teams = sorted({r.tenant for r in records})
     held = dict.fromkeys(teams, 0.0)
     queued = dict.fromkeys(teams, 0.0)
+    previous = changes[0][0] if changes else 0.0
+    for change in changes:
+        time, team, d_held, d_queued, _ = change
+        elapsed = time - previous
+        fair: Mapping[str, float] = {}
+        if elapsed > 0:
+            demand = {t: held[t] + queued[t] for t in teams}
+            fair = _fair_shares(demand, weights, capacity)
+        yield Span(previous, max(elapsed, 0.0), held, queued, fair, change)
+        if elapsed > 0:
+            previous = time
+        held[team] += d_held
+        queued[team] += d_queued
+
+
+def share_ratio(held: float, fair: float) -> float:
+    """min(1, held / fair share); 1.0 where the share is nothing."""
+    return min(1.0, held / fair) if fair > _EPSILON else 1.0
+
+
+def fairness(
+    records: Sequence[JobRecord], weights: Mapping[str, float], capacity: float
+) -> Fairness:
+    """Sweep held and queued GPUs per team over time against their water-filled share."""
+    teams = sorted({r.tenant for r in records})
     ratio_s = dict.fromkeys(teams, 0.0)
     queued_s = dict.fromkeys(teams, 0.0)
     held_s = dict.fromkeys(teams, 0.0)
     fair_s = dict.fromkeys(teams, 0.0)
-    previous = changes[0][0] if changes else 0.0
-    for time, team, d_held, d_queued in changes:
-        elapsed = time - previous
-        if elapsed > 0:
-            demand = {t: held[t] + queued[t] for t in teams}
-            fair = _fair_shares(demand, weights, capacity)
-            for t in teams:
-                held_s[t] += held[t] * elapsed
-                fair_s[t] += fair[t] * elapsed
-                if queued[t] > _EPSILON:
-                    queued_s[t] += elapsed
-                    got = held[t] / fair[t] if fair[t] > _EPSILON else 1.0
-                    ratio_s[t] += min(1.0, got) * elapsed
-            previous = time
-        held[team] += d_held
-        queued[team] += d_queued
+    for span in share_sweep(records, weights, capacity):
+        if span.elapsed <= 0:
+            continue
+        for t in teams:
+            held_s[t] += span.held[t] * span.elapsed
+            fair_s[t] += span.fair[t] * span.elapsed
+            if span.queued[t] > _EPSILON:
+                queued_s[t] += span.elapsed
+                ratio_s[t] += share_ratio(span.held[t], span.fair[t]) * span.elapsed
     result = {
         t: TeamFairness(
             ratio=ratio_s[t] / queued_s[t] if queued_s[t] > 0 else None,
@@ -207,22 +240,23 @@ def _fair_shares(
     return water_fill(demand, weights, capacity)
 
 
-def _demand_changes(records: Iterable[JobRecord]) -> list[tuple[float, str, float, float]]:
-    """(time, team, change in held, change in queued) for every job's queue and run spans."""
+def _demand_changes(records: Iterable[JobRecord]) -> list[tuple[float, str, float, float, str]]:
+    """(time, team, change in held, change in queued, job id) for every job's queue and run
+    spans."""
     horizon = max((s.end_s for r in records for s in r.segments), default=0.0)
     horizon = max([horizon, *(r.submit_s for r in records)])
-    changes: list[tuple[float, str, float, float]] = []
+    changes: list[tuple[float, str, float, float, str]] = []
     for record in records:
-        team, units = record.tenant, record.gpus
+        team, units, job = record.tenant, record.gpus, record.job_id
         queued_from = record.submit_s
         for segment in record.segments:
-            changes.append((queued_from, team, 0.0, units))
-            changes.append((segment.start_s, team, units, -units))
-            changes.append((segment.end_s, team, -units, 0.0))
+            changes.append((queued_from, team, 0.0, units, job))
+            changes.append((segment.start_s, team, units, -units, job))
+            changes.append((segment.end_s, team, -units, 0.0, job))
             queued_from = segment.end_s
         if not record.finished:  # still queued when the replay ended
-            changes.append((queued_from, team, 0.0, units))
-            changes.append((horizon, team, 0.0, -units))
+            changes.append((queued_from, team, 0.0, units, job))
+            changes.append((horizon, team, 0.0, -units, job))
     return changes
 
 
