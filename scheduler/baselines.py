@@ -30,6 +30,7 @@ class Fifo:
     fair_order = False
     reclaim = False
     by_priority = False
+    submit_order = True  # age order, and no reclaim asks for a team's guarantee
 
     def __init__(self, *, backfill: bool) -> None:
         self.backfill = backfill

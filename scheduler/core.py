@@ -112,6 +112,9 @@ class Rules(Protocol):
     fair_order: bool  # fair-share order: a job overtaken by other teams waits FAIR_SHARE
     reclaim: bool  # a job may reclaim borrowed capacity
     by_priority: bool  # a job may preempt lower classes
+    # the queue is strict submit order and no job's guarantee is asked for: without a pending
+    # list, candidates may be made as the queue reaches them (``nominate.InSubmitOrder``)
+    submit_order: bool
 
     def rounds(
         self, cycle: Cycle, candidates: Sequence[Candidate]
@@ -232,9 +235,8 @@ class Cycle:
             keep=keep,
         )
         self.fail, self.parked = nominate.fail, nominate.parked
-        if not self.listing and isinstance(self.rules, Fifo):
-            # Strict submit order and no pending list: candidates are made as the queue
-            # reaches them (FIFO never reclaims, so no team's guarantee is asked for).
+        if not self.listing and self.rules.submit_order:
+            # No pending list: candidates are made as the queue reaches them.
             return InSubmitOrder(nominate, self.snapshot.pending)
         candidates = [c for c in map(nominate.candidate, self.snapshot.pending) if c is not None]
         self.under_guarantee = under_guarantee(

@@ -400,6 +400,7 @@ class FairShareRules:
 
     classes = True
     fair_order = True
+    submit_order = False
 
     def __init__(self, config: SchedulerConfig) -> None:
         self._config = config
