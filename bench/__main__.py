@@ -33,6 +33,19 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "traces" / "philly" / "jobs.csv"
 
 CORE_TARGET_MS = 100.0
 DB_TARGET_MS = 1000.0
+OWN_KEYS = (
+    "when",
+    "machine",
+    "complete",
+    "wall_s",
+    "core_pass",
+    "db_pass",
+    "philly",
+    "philly_targets",
+    "traces",
+    "trace_targets",
+    "eta",
+)
 
 
 def _verdict(ok: bool) -> str:
@@ -56,11 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results.json")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    # Other benchmarks' keys (`make bench-api` writes "api") stay as they were; this run's own
+    # keys are replaced, so a run cut short leaves no stale figure beside its new ones.
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for key in OWN_KEYS:
+        kept.pop(key, None)
 
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+        "complete": False,
     }
+
+    def save() -> None:
+        """Write what is measured so far: a run cut short (the replays take many minutes)
+        keeps its figures, marked ``"complete": false`` until the last section ends."""
+        results["wall_s"] = round(time.monotonic() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({**kept, **results}, indent=2, sort_keys=True) + "\n")
 
     from bench import core_pass
 
@@ -69,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     core = core_pass.run(repeats=args.core_repeats)
     results["core_pass"] = core
+    save()
     steady = core["steady"]
     low, high = steady["ratio_to_greedy_quartiles"]
     print(
@@ -97,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(target <= {DB_TARGET_MS:.0f} ms median: {_verdict(db['median_ms'] <= DB_TARGET_MS)})",
             flush=True,
         )
+    save()
 
     from bench import philly
 
@@ -112,7 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     results["philly"], results["traces"] = [], []
     if tasks:
         print(f"\n== (c) {len(tasks)} trace replays, in parallel ==", flush=True)
-        reports = philly.run_replays(tasks, workers=args.workers)
+
+        def keep(report: dict[str, Any]) -> None:
+            key = "philly" if report["trace_label"] == "philly" else "traces"
+            results[key].append(report)
+            save()
+
+        reports = philly.run_replays(tasks, workers=args.workers, on_report=keep)
         results["philly"] = [r for r in reports if r["trace_label"] == "philly"]
         results["traces"] = [r for r in reports if r["trace_label"] != "philly"]
     if results["philly"]:
@@ -135,11 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         results["eta"] = eta.calibration(args.philly_trace)
         print(eta.render_calibration(results["eta"]), flush=True)
 
-    results["wall_s"] = round(time.monotonic() - started, 1)
-    # Other benchmarks' keys (`make bench-api` writes "api") stay as they were.
-    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({**kept, **results}, indent=2, sort_keys=True) + "\n")
+    results["complete"] = True
+    save()
     print(f"\nwrote {args.out} ({results['wall_s'] / 60:.1f} min)")
     return 0
 

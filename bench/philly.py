@@ -24,8 +24,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -124,18 +124,24 @@ def replay(task: Replay) -> tuple[dict[str, Any], tuple[JobRecord, ...]]:
 
 
 def run_replays(
-    tasks: Sequence[Replay], *, workers: int | None = None, out: TextIO = sys.stdout
+    tasks: Sequence[Replay],
+    *,
+    workers: int | None = None,
+    out: TextIO = sys.stdout,
+    on_report: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every replay of ``tasks`` in worker processes (the longest first); the reports in the
     order of ``tasks``, each shared policy's with its sharing-incentive check when the
-    private baseline of the same trace and size is among the tasks."""
+    private baseline of the same trace and size is among the tasks. Each report is printed,
+    and handed to ``on_report``, as soon as its replay ends (a run cut short keeps those)."""
     order = sorted(range(len(tasks)), key=lambda i: -_cost(tasks[i]))
     workers = max(1, min(len(tasks), workers or os.cpu_count() or 1))
     done: dict[int, tuple[dict[str, Any], tuple[JobRecord, ...]]] = {}
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {i: pool.submit(replay, tasks[i]) for i in order}
-        for i in order:
-            done[i] = futures[i].result()
+        futures = {pool.submit(replay, tasks[i]): i for i in order}
+        for future in as_completed(futures):
+            i = futures[future]
+            done[i] = future.result()
             report = done[i][0]
             print(
                 f"  {report['trace_label']} {report['policy']} on {report['gpus']} GPUs, "
@@ -147,6 +153,8 @@ def run_replays(
                 file=out,
                 flush=True,
             )
+            if on_report is not None:
+                on_report(report)
     private = {
         (task.label, task.gpus, task.durations): done[i][1]
         for i, task in enumerate(tasks)
