@@ -182,21 +182,52 @@ def _earliest(
     index: FreeIndex, timeline: Timeline, pool: Pool, team: str, need: int, multi_node: bool
 ) -> tuple[float, int, list[Slice]] | None:
     """(time, node, slices released there by then) when ``need`` first fit in ``pool``."""
+    events = timeline.events(pool)
+    if multi_node:
+        total = index.total_free([pool])
+        for at, (end, _, _, items) in enumerate(events):
+            total += len(items)
+            if total >= need:
+                released: dict[int, list[Slice]] = {}
+                for _, node, _, got in events[: at + 1]:
+                    released.setdefault(node, []).extend(got)
+                every = [s for n in sorted(released) for s in released[n]]
+                return (end, -1, every[:need])
+        return None
+    # One node: count what each node has free now plus what comes free there, and gather
+    # the slices of the node that fits only once it does (a sweep meets many nodes).
     counts: dict[int, int] = {}
-    released: dict[int, list[Slice]] = {}
-    total = index.total_free([pool])
-    for end, node, _, items in timeline.events(pool):
-        if node not in counts:
-            counts[node] = _free_now(index, pool, team, node)
-        counts[node] += len(items)
-        released.setdefault(node, []).extend(items)
-        total += len(items)
-        if multi_node and total >= need:
-            every = [s for n in sorted(released) for s in released[n]]
-            return (end, -1, every[:need])
-        if counts[node] >= need:
-            return (end, node, released[node][:need])
+    get = counts.get
+    if pool[0] is SliceKind.MPS:
+        for at, (end, node, _, items) in enumerate(events):
+            had = get(node)
+            if had is None:
+                had = _free_now(index, pool, team, node)
+            had += len(items)
+            counts[node] = had
+            if had >= need:
+                return (end, node, _released_on(events, at, node, need))
+        return None
+    buckets = index.buckets.get(pool)
+    free_on = {} if buckets is None else buckets.count
+    for at, (end, node, _, items) in enumerate(events):
+        had = get(node)
+        if had is None:
+            had = free_on.get(node, 0)
+        had += len(items)
+        counts[node] = had
+        if had >= need:
+            return (end, node, _released_on(events, at, node, need))
     return None
+
+
+def _released_on(events: Sequence[Release], last: int, node: int, need: int) -> list[Slice]:
+    """The first ``need`` slices released on ``node`` by the event at ``last``."""
+    out: list[Slice] = []
+    for _, on, _, items in events[: last + 1]:
+        if on == node:
+            out.extend(items)
+    return out[:need]
 
 
 def _top_up(

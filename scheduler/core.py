@@ -178,6 +178,8 @@ class Cycle:
         # the rest of the queue is only recorded, waiting with ``behind``.
         self.scope: frozenset[str] | None = None
         self.behind: Blocked = (PendingCode.NOT_EXPLAINED, {})
+        # The shortest time limit among the pending jobs, once asked (``_set_aside_usable``).
+        self._shortest_limit: float | None = None
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -454,7 +456,7 @@ class Cycle:
         """
         if self.config.explain or any(self.index.pool_free_total.values()):
             return
-        if any(r.set_aside for r in self.reservations):
+        if self._set_aside_usable():
             return  # a short job may still use what a reservation set aside
         rules = self.rules
         if not (rules.reclaim or rules.by_priority):
@@ -467,6 +469,22 @@ class Cycle:
             self.scope = SETTLED
         elif self.scope is None or self.under_guarantee != self.scope:
             self.scope = frozenset(self.under_guarantee)
+
+    def _set_aside_usable(self) -> bool:
+        """Whether some pending job may still take slices a reservation set aside: one whose
+        time limit ends by the reservation's start (``Reservation.lets``). None may when even
+        the shortest time limit of the pass's pending jobs ends after the latest such start,
+        and then the slices set aside are as good as held."""
+        latest = max(
+            (r.at for r in self.reservations if r.set_aside and r.at is not None), default=None
+        )
+        if latest is None:
+            return False
+        shortest = self._shortest_limit
+        if shortest is None:
+            limits = [j.time_limit_s for j in self.snapshot.pending if j.time_limit_s is not None]
+            shortest = self._shortest_limit = min(limits) if limits else math.inf
+        return self.now + shortest <= latest
 
     def narrow(self, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
         """The jobs of a round that may still matter (all, unless narrowed)."""

@@ -149,3 +149,22 @@ def test_a_replay_without_explanations_still_backfills_into_set_aside_slices(
     nodes, pending, held = _queue_behind_a_big_job()
     decisions = decide(snapshot(nodes, pending, held), policy=policy, explain=False)
     assert placed(decisions) == {"short": ("n0-g1",)}
+
+
+@pytest.mark.parametrize("policy", [Policy.FIFO_BACKFILL, Policy.FAIRSHARE])
+@pytest.mark.parametrize("with_short", [True, False], ids=["a short job last", "none short"])
+def test_a_pass_without_explanations_stops_only_once_no_job_can_use_what_is_set_aside(
+    policy: Policy, with_short: bool
+) -> None:
+    # Once nothing is free but the slice set aside for "big" (until 2000), the bare pass
+    # stops considering the queue only when no pending job's time limit ends by then: a
+    # short job queued behind long ones still backfills, exactly as an explained pass says.
+    nodes, pending, held = _queue_behind_a_big_job()
+    queue = [j for j in pending if j.id != "short"]
+    queue += [job(f"long{i}", at=3 + i, limit=5000.0) for i in range(3)]
+    if with_short:
+        queue.append(job("short", at=9, limit=100.0))
+    snap = snapshot(nodes, queue, held)
+    bare = decide(snap, policy=policy, explain=False)
+    explained = decide(snap, policy=policy)
+    assert placed(bare) == placed(explained) == ({"short": ("n0-g1",)} if with_short else {})
