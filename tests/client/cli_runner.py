@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -41,13 +42,17 @@ class Cli:
         return json.loads(done.stdout)
 
     def start(self, *args: str) -> subprocess.Popen[str]:
-        """The command running in the background (``ls --watch``), its output piped."""
+        """The command running in the background (``ls --watch``), its output piped. Its
+        SIGINT is the default, as a terminal's Ctrl-C finds it: a test run started in the
+        background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and
+        Python keeps an ignored SIGINT, so the test's Ctrl-C would never reach the CLI."""
         return subprocess.Popen(
             [str(self.program), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=self.environment(logged_in=True),
+            preexec_fn=_default_sigint,
         )
 
     def environment(self, *, logged_in: bool, **extra: str) -> dict[str, str]:
@@ -57,3 +62,8 @@ class Cli:
             env.update(PORTAL_URL=self.url, PORTAL_TOKEN=self.token)
         env.update(extra)
         return env
+
+
+def _default_sigint() -> None:
+    """In the child, before exec: SIGINT back to its default action."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
