@@ -295,7 +295,12 @@ class Preemptor:
         self, pools: Sequence[Pool], team: str, need: int, multi_node: bool = False
     ) -> list[Slice] | None:
         """Slices freeing soon that, with the free ones, fit ``need`` on one node (or, for a
-        multi-node gang that fits no node, over the nodes of one pool)."""
+        multi-node gang that fits no node, over the nodes of one pool).
+
+        The free slices counted are taken out of the index for the rest of the pass: they are
+        the claiming job's as much as the slices freeing soon, so no job after it may take
+        them (else, when its victims stop, it is still short and preempts again, while the
+        victims, restarted, take their own slices back: a loop)."""
         best: tuple[int, Pool, int] | None = None
         for pool in pools:
             for node, items in self.soon.get(pool, {}).items():
@@ -305,21 +310,26 @@ class Preemptor:
                 if fits and (best is None or (len(items), node) < (best[0], best[2])):
                     best = (len(items), pool, node)
         if best is None:
-            return self._claim_spread(pools, need) if multi_node else None
+            return self._claim_spread(pools, team, need) if multi_node else None
         _, pool, node = best
-        missing = need - self._index.node_free(pool, team, node)
+        index = self._index
+        missing = need - index.node_free(pool, team, node)
         by_node = self.soon[pool]
         claimed, by_node[node] = by_node[node][:missing], by_node[node][missing:]
+        kept = need - len(claimed)
+        if kept > 0:
+            index.take([(node, index.pick(pool, team, node, kept))], team)
         return claimed
 
-    def _claim_spread(self, pools: Sequence[Pool], need: int) -> list[Slice] | None:
+    def _claim_spread(self, pools: Sequence[Pool], team: str, need: int) -> list[Slice] | None:
         """A multi-node gang: slices freeing soon on any nodes of one pool that, with the free
         ones there, make ``need`` (MPS shares are never claimed across nodes)."""
+        index = self._index
         for pool in pools:
             by_node = self.soon.get(pool)
             if pool[0] is SliceKind.MPS or not by_node:
                 continue
-            free = self._index.total_free((pool,))
+            free = index.total_free((pool,))
             if free + sum(len(items) for items in by_node.values()) < need:
                 continue
             claimed: list[Slice] = []
@@ -329,6 +339,9 @@ class Preemptor:
                     break
                 claimed += by_node[node][:missing]
                 by_node[node] = by_node[node][missing:]
+            kept = need - len(claimed)
+            if kept > 0:
+                index.take(index.find_spread([pool], team, kept, kept) or [], team)
             return claimed
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sched_builders import codes, decide, job, running, snapshot, summary, whole_node
+from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
 
 from scheduler import RunningJob, Team
 
@@ -315,4 +315,38 @@ def test_a_multi_node_gang_reclaims_over_several_nodes() -> None:
     assert later.pending[0].reason.numbers["victims"] == 0
     # Once they have stopped, it starts on both nodes.
     done = decide(snapshot(nodes, [gang], teams=teams), now=1030.0)
+    assert sorted(done.assign[0].nodes) == ["n0", "n1"]
+
+
+def test_free_slices_a_reclaim_counts_on_stay_with_it_through_the_grace_period() -> None:
+    # Team a (guaranteed 16) asks for a 16-GPU gang over two 8-GPU nodes. n1 has 4 GPUs
+    # free; borrowed work of team b fills the rest, so the gang preempts 12 GPUs of it and
+    # counts on the 4 free ones. A 1-GPU job of team c (no guarantee: it would borrow) arrives
+    # meanwhile. Before, c1 took one of those 4 free GPUs in the same pass (and in every pass
+    # of the grace period), so when b's jobs stopped the gang was still one short, preempted
+    # again, and b's starving jobs took their GPUs back: a loop seen on the whole Philly trace.
+    teams = [Team("a", guaranteed=16.0), Team("b"), Team("c")]
+    nodes = [whole_node("n0", gpus=8), whole_node("n1", gpus=8)]
+    b1, b2 = job("b1", "b", count=8), job("b2", "b", count=4)
+    held = [
+        running(b1, [f"n0-g{g}" for g in range(8)], started=0.0, borrowed=True),
+        running(b2, [f"n1-g{g}" for g in range(4)], started=10.0, borrowed=True),
+    ]
+    gang = job("a16", count=16, multi_node=True)
+    small = job("c1", "c", at=500.0)
+    decisions = decide(snapshot(nodes, [gang, small], held, teams))
+    assert summary(decisions) == [
+        ("preempt", "b2", "a16"),
+        ("preempt", "b1", "a16"),
+        ("pending", "a16", "WAITING_FOR_PREEMPTION", 1),
+        ("pending", "c1", "RESERVED", 2),
+    ]
+    # Through the grace period, too: the free GPUs stay for the gang, no new victims.
+    stopping = [replace(r, preempting_since=1000.0) for r in held]
+    later = decide(snapshot(nodes, [gang, small], stopping, teams), now=1010.0)
+    assert codes(later) == {"a16": "WAITING_FOR_PREEMPTION", "c1": "RESERVED"}
+    assert later.assign == () and later.preempt == ()
+    # Once they have stopped, the gang starts on both nodes; c1 waits for room.
+    done = decide(snapshot(nodes, [gang, small], teams=teams), now=1030.0)
+    assert placed(done).keys() == {"a16"}
     assert sorted(done.assign[0].nodes) == ["n0", "n1"]
