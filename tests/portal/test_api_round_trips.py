@@ -34,18 +34,32 @@ BODY = {
 }
 
 
-def round_trips(send: Callable[[], Any]) -> tuple[int, list[str]]:
-    """Round trips of one request: the statements logged and the health checks run. Each
-    request starts as a server's does (``request_started`` runs this; Django's test client
-    leaves it out)."""
+def round_trips(send: Callable[[], Any]) -> tuple[list[str], int]:
+    """One request's statements (their first words) and its health checks (each a hidden
+    ``SELECT 1``). It starts as a server's request does (``request_started`` runs
+    ``close_if_unusable_or_obsolete``; Django's test client leaves it out)."""
     connection.close_if_unusable_or_obsolete()
     with (
         mock.patch.object(connection, "is_usable", wraps=connection.is_usable) as checks,
         CaptureQueriesContext(connection) as captured,
     ):
         send()
-    statements = [query["sql"].split()[0] for query in captured.captured_queries]
-    return len(statements) + checks.call_count, statements
+    return [query["sql"].split()[0] for query in captured.captured_queries], checks.call_count
+
+
+def test_a_prepared_statement_stands_for_the_health_check_and_the_next_request_checks(
+    world,
+) -> None:
+    client = token_client(world.alice)
+    assert client.get("/api/v1/teams/").status_code == 200
+
+    statements, health_checks = round_trips(lambda: client.get("/api/v1/teams/"))
+
+    assert len(statements) >= 2 and health_checks == 0  # the token's statement came first
+    connection.close_if_unusable_or_obsolete()  # the next request's start
+    assert connection.health_check_done is False
+    statements, health_checks = round_trips(lambda: list(Job.objects.all()))
+    assert (statements, health_checks) == (["SELECT"], 1)  # an ORM query first: checked
 
 
 def test_a_submit_stores_its_job_and_event_in_one_statement(world, settings) -> None:
@@ -54,12 +68,13 @@ def test_a_submit_stores_its_job_and_event_in_one_statement(world, settings) -> 
     assert client.post("/api/v1/jobs/", BODY, format="json").status_code == 201  # warm
     settings.INVENTORY_RECHECK_S = 60.0  # the version read by the submit before
 
-    trips, statements = round_trips(
+    statements, health_checks = round_trips(
         lambda: client.post("/api/v1/jobs/", BODY, format="json").status_code == 201 or 1 / 0
     )
 
     # token, user, expiry and both rate-limit counters; the member's teams; job and event.
-    assert trips <= 6, statements
+    assert len(statements) + health_checks <= 6, statements
+    assert health_checks == 0
     assert statements[-1] == "WITH" and "BEGIN" not in statements, statements
 
 
