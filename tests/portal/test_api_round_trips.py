@@ -72,10 +72,19 @@ def test_a_submit_stores_its_job_and_event_in_one_statement(world, settings) -> 
         lambda: client.post("/api/v1/jobs/", BODY, format="json").status_code == 201 or 1 / 0
     )
 
-    # token, user, expiry and both rate-limit counters; the member's teams; job and event.
-    assert len(statements) + health_checks <= 6, statements
-    assert health_checks == 0
-    assert statements[-1] == "WITH" and "BEGIN" not in statements, statements
+    # The token with its user, last use and both rate-limit counters; the member's teams;
+    # the job and its event. No health check, no BEGIN or COMMIT, no inventory version.
+    assert (statements, health_checks) == (["WITH", "SELECT", "WITH"], 0)
+
+
+def test_a_page_of_one_job_costs_two_round_trips(world) -> None:
+    client = token_client(world.alice)
+    assert client.get("/api/v1/jobs/?limit=1").status_code == 200
+
+    statements, health_checks = round_trips(lambda: client.get("/api/v1/jobs/?limit=1"))
+
+    # The token with its user, last use and both rate-limit counters; the page.
+    assert (statements, health_checks) == (["WITH", "SELECT"], 0)
 
 
 def test_the_one_statement_submit_stores_what_the_orm_submit_stores(world, settings) -> None:
