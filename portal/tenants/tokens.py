@@ -221,7 +221,6 @@ class TokenHit:
 @dataclass(frozen=True)
 class TokenUse:
     token: ApiToken  # its user joined
-    usable: bool  # its user is active and it has not expired: what the API accepts
     windows: list[Window]  # after this request's hits, one per hit; empty when none counted
 
 
@@ -250,9 +249,9 @@ def token_use(
     if row is None:
         return None
     token = _token_lookup(connection.vendor).token(row[:width])
-    # After the token's and user's columns: found_usable and three more found_ columns, then
-    # whether last_used_at was written, then the counters.
-    usable, touched, counted = row[width], row[width + 4], row[width + 5 :]
+    # After the token's and user's columns: the four found_ columns, then whether
+    # last_used_at was written, then the counters.
+    touched, counted = row[width + 4], row[width + 5 :]
     if touched:
         token.last_used_at = now
     windows = [
@@ -260,7 +259,7 @@ def token_use(
         for index in range(0, len(counted), 3)
         if counted[index] is not None
     ]
-    return TokenUse(token=token, usable=bool(usable), windows=windows)
+    return TokenUse(token=token, windows=windows)
 
 
 @functools.cache
