@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connection
+from django.db import connection, connections
 from django.db.models import QuerySet
 from django.db.models.query import ValuesIterable
 
@@ -130,8 +130,10 @@ def prepared_cursor() -> Any:
     # prepares nothing but what _PreparingCursor runs.
     if raw.prepare_threshold is None:
         raw.prepare_threshold = PREPARE_THRESHOLD
+    cursor = _preparing_cursor_class()(raw)
+    cursor.database = connections[connection.alias]
     with connection.wrap_database_errors:
-        return connection._prepare_cursor(_preparing_cursor_class()(raw))
+        return connection._prepare_cursor(cursor)
 
 
 # psycopg's own default: what a statement that does not ask to be prepared needs (none here).
@@ -146,9 +148,17 @@ def _preparing_cursor_class() -> type:
         """Asks psycopg to prepare every statement it executes (Django's cursor wrapper
         passes no ``prepare`` argument)."""
 
+        database: Any  # Django's wrapper of the connection (prepared_cursor sets it)
+
         def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
             kwargs["prepare"] = True
-            return super().execute(query, params, **kwargs)
+            result = super().execute(query, params, **kwargs)
+            # A statement that just came back is all CONN_HEALTH_CHECKS' ``SELECT 1`` would
+            # tell: mark this request's check done, so the next ORM query of the request does
+            # not pay that hidden round trip. Each request's start (``request_started``)
+            # clears the mark again, so the next request still checks its connection.
+            self.database.health_check_done = True
+            return result
 
         def _send_query_prepared(self, name: bytes, pgq: Any, **kwargs: Any) -> None:
             # psycopg leaves the cursor's last query unset when it runs a prepared statement;

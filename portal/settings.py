@@ -129,6 +129,9 @@ try:
     API_THROTTLE_TOKEN = env_rate("PORTAL_API_THROTTLE_TOKEN", "300/min")
     API_MAX_BODY_BYTES = env_int("PORTAL_MAX_BODY_BYTES", 1_048_576, minimum=1024)
     API_MAX_JSON_DEPTH = 16
+    # A process reads the cluster's inventory version (what a submit checks its request
+    # against) again after this many seconds at most; 0: on every submit (the tests).
+    INVENTORY_RECHECK_S = env_float("PORTAL_INVENTORY_RECHECK_S", 1.0, minimum=0.0)
     API_MAX_LIMIT = 500
     # Forms on the pages get the same ceiling.
     DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES

@@ -28,6 +28,9 @@ def _schedule_requests_sent_at_once(settings) -> None:  # noqa: ANN001 - pytest-
     tests/portal/test_schedule_requests.py tests the coalescing itself). The real processes
     the stack tests start keep the default."""
     settings.SCHEDULE_REQUEST_COALESCE_S = 0.0
+    # A submit reads the inventory version every time: a test that adds GPUs and submits at
+    # once must not see the version an earlier test left (portal/cluster/services.py).
+    settings.INVENTORY_RECHECK_S = 0.0
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScopes
+from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScopes, plan_counting
 from portal.api.errors import api_exception_handler
 from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
 from portal.api.serializers import (
@@ -102,6 +102,10 @@ class PortalAPIView(APIView):
         check_query_params(request.query_params)
         check_query_params(kwargs)
         super().initial(request, *args, **kwargs)
+
+    def perform_authentication(self, request: Request) -> None:
+        plan_counting(request, self)  # ApiThrottle's counters with the token's statement
+        super().perform_authentication(request)
 
 
 def _job_for(request: Request, job_id: int) -> Job:

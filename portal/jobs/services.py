@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from portal import agent_messages
@@ -28,6 +28,7 @@ from portal.jobs.attempts import (
 from portal.jobs.models import HOLDING_STATES, TERMINAL_STATES, Job, JobDependency, JobState
 from portal.jobs.transitions import (
     Move,
+    insert_submitted_job,
     record_event,
     record_submissions,
     transition,
@@ -88,59 +89,74 @@ def jobs_submit(
     """``job_submit`` for one job per entry of ``members`` (None: a job of no array), all in
     one transaction and a few statements whatever their number (an array's members)."""
     now = timezone.now()
-    gpu = request.gpu
-    with transaction.atomic():
-        jobs = Job.objects.bulk_create(
-            Job(
-                team=request.team,
-                user=user,
-                name=request.name,
-                image=request.image,
-                command=list(request.command),
-                env=dict(request.env if member is None else member.env),
-                gpu_kind=gpu.kind.value,
-                gpu_count=gpu.count,
-                gpu_min_count=gpu.min_count,
-                gpu_profile=gpu.profile,
-                gpu_model=gpu.model,
-                multi_node=gpu.multi_node,
-                priority=request.priority,
-                time_limit_s=request.time_limit_s,
-                preemptible=request.preemptible,
-                notify=None if request.notify is None else list(request.notify),
-                array_id=None if member is None else member.array_id,
-                array_index=None if member is None else member.index,
-                state=JobState.PENDING,
-                attempt=0,
-                submitted_at=now,
-                queued_since=now,
-            )
-            for member in members
-        )
-        JobDependency.objects.bulk_create(
-            JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
-            for job in jobs
-            for dependency in request.depends_on
-        )
-        message = submission_message(user=user, request=request)
-        record_submissions(
-            [
-                (
-                    job.pk,
-                    message
-                    if job.array_id is None
-                    else f"{message}; member {job.array_index} of array {job.array_id}",
-                )
+    jobs = [_new_job(user=user, request=request, member=member, now=now) for member in members]
+    message = submission_message(user=user, request=request)
+    if (
+        len(jobs) == 1
+        and jobs[0].array_id is None
+        and not request.depends_on
+        and connection.vendor == "postgresql"
+        and not connection.in_atomic_block
+    ):
+        # The common submit (one job, nothing to wait for): the job and its event in one
+        # statement, which is a transaction of its own, instead of BEGIN, two INSERTs and
+        # COMMIT (four round trips). A caller's transaction keeps the path below.
+        insert_submitted_job(jobs[0], at=now, message=message)
+        schedule_pass_on_commit()  # no transaction open: asked at once, as after a commit
+    else:
+        with transaction.atomic():
+            jobs = Job.objects.bulk_create(jobs)
+            JobDependency.objects.bulk_create(
+                JobDependency(job=job, depends_on_id=dependency.job_id, kind=dependency.kind)
                 for job in jobs
-            ],
-            at=now,
-        )
-        schedule_pass_on_commit()
+                for dependency in request.depends_on
+            )
+            record_submissions(
+                [
+                    (
+                        job.pk,
+                        message
+                        if job.array_id is None
+                        else f"{message}; member {job.array_index} of array {job.array_id}",
+                    )
+                    for job in jobs
+                ],
+                at=now,
+            )
+            schedule_pass_on_commit()
     if len(jobs) == 1:
         log.info("job %s submitted by %s to team %s", jobs[0].pk, user, request.team.name)
     else:
         log.info("%s jobs submitted by %s to team %s", len(jobs), user, request.team.name)
     return jobs
+
+
+def _new_job(*, user: Any, request: JobRequest, member: ArrayMember | None, now: Any) -> Job:
+    gpu = request.gpu
+    return Job(
+        team=request.team,
+        user=user,
+        name=request.name,
+        image=request.image,
+        command=list(request.command),
+        env=dict(request.env if member is None else member.env),
+        gpu_kind=gpu.kind.value,
+        gpu_count=gpu.count,
+        gpu_min_count=gpu.min_count,
+        gpu_profile=gpu.profile,
+        gpu_model=gpu.model,
+        multi_node=gpu.multi_node,
+        priority=request.priority,
+        time_limit_s=request.time_limit_s,
+        preemptible=request.preemptible,
+        notify=None if request.notify is None else list(request.notify),
+        array_id=None if member is None else member.array_id,
+        array_index=None if member is None else member.index,
+        state=JobState.PENDING,
+        attempt=0,
+        submitted_at=now,
+        queued_since=now,
+    )
 
 
 @dataclass(frozen=True)

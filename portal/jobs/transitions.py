@@ -12,17 +12,19 @@ runs outside the transition: its errors are logged, never felt by the job.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.dispatch import Signal
 from django.utils import timezone
 
 from portal.bulk import insert_rows, update_rows, updated_pks
+from portal.compiled_queries import prepared_cursor
 from portal.jobs.models import Job, JobEvent, JobState
 
 S = JobState
@@ -219,9 +221,58 @@ def record_submissions(submitted: Sequence[tuple[int, str]], *, at: datetime) ->
     # One INSERT written by hand, not the ORM's compiled anew for each submit.
     insert_rows(
         JobEvent,
-        ("job", "at", "from_state", "to_state", "attempt", "message"),
-        [(job_id, at, "", S.PENDING, 0, text) for job_id, text in submitted],
+        _SUBMITTED_EVENT_COLUMNS,
+        [_submitted_event(job_id, at=at, message=text) for job_id, text in submitted],
     )
+
+
+def insert_submitted_job(job: Job, *, at: datetime, message: str) -> None:
+    """Store ``job`` (a new Job, as ``bulk_create`` would store it: every concrete field's
+    value as the ORM prepares it) and its submission event in ONE statement, and give
+    ``job`` its id. PostgreSQL only: ``WITH job AS (INSERT ... RETURNING id) INSERT INTO
+    jobs_jobevent ... SELECT ... FROM job``, a prepared statement; being one statement, it
+    needs no transaction around it."""
+    sql, job_fields, event_fields = _submitted_job_sql()
+    params = [field.get_db_prep_save(field.pre_save(job, True), connection) for field in job_fields]
+    event = _submitted_event(None, at=at, message=message)[1:]
+    params += [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(event_fields, event, strict=True)
+    ]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        (job.pk,) = cursor.fetchone()
+    job._state.adding = False
+    job._state.db = connection.alias
+
+
+_SUBMITTED_EVENT_COLUMNS = ("job", "at", "from_state", "to_state", "attempt", "message")
+
+
+def _submitted_event(job_id: int | None, *, at: datetime, message: str) -> tuple[Any, ...]:
+    """A submitted job's first event, as the values of ``_SUBMITTED_EVENT_COLUMNS``: it came
+    into being as PENDING, with no attempt yet."""
+    return (job_id, at, "", S.PENDING, 0, message)
+
+
+@functools.cache
+def _submitted_job_sql() -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
+    quote = connection.ops.quote_name
+    job_fields = tuple(field for field in Job._meta.concrete_fields if not field.primary_key)
+    columns = [JobEvent._meta.get_field(name) for name in _SUBMITTED_EVENT_COLUMNS]
+    event_fields = tuple(columns[1:])  # the job's id comes from the first INSERT
+    job_pk = quote(Job._meta.pk.column)  # type: ignore[union-attr]
+    sql = (
+        f"WITH new_job AS (INSERT INTO {quote(Job._meta.db_table)} "  # noqa: S608 - our names
+        f"({', '.join(quote(field.column) for field in job_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(job_fields))}) RETURNING {job_pk}) "
+        f"INSERT INTO {quote(JobEvent._meta.db_table)} "
+        f"({', '.join(quote(field.column) for field in columns)}) "
+        f"SELECT new_job.{job_pk}, "
+        + ", ".join(f"%s::{field.cast_db_type(connection)}" for field in event_fields)
+        + f" FROM new_job RETURNING {quote(columns[0].column)}"
+    )
+    return sql, job_fields, event_fields
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,37 +50,61 @@ def counter_hits(hits: Sequence[Hit], *, now: datetime) -> list[Window]:
     scopes = [hit.scope for hit in hits]
     if len(set(scopes)) != len(scopes):
         raise ValueError(f"counter_hits: one hit per scope; got {scopes}")
+    start = connection.ops.adapt_datetimefield_value(now)
+    values = ", ".join("(%s, %s, %s, 1, NULL)" for _ in hits)
+    sql = counter_upsert_sql(f"VALUES {values}", len(hits))
+    params: list[Any] = [value for hit in hits for value in (hit.scope, hit.key, start)]
+    # One SQL text per number of hits: a prepared statement on PostgreSQL.
+    with prepared_cursor() as cursor:
+        scoped = [(hit.scope, hit.window_s) for hit in hits]
+        cursor.execute(sql, [*params, *counter_upsert_params(scoped, now=now)])
+        rows = {row[0]: row[1:] for row in cursor.fetchall()}
+    return [window_of(*rows[hit.scope]) for hit in hits]
+
+
+def counter_upsert_sql(source: str, hits: int) -> str:
+    """The statement that counts a hit for each row of ``source`` (SQL giving rows of scope,
+    key, now, 1, NULL; ``hits`` rows at most, each of its own scope): it counts in the
+    row's current window or starts a new one when that has expired, and returns each row's
+    scope, count, window start and lock. Its parameters: those of ``source``, then
+    ``counter_upsert_params``. ``counter_hits`` runs it over a VALUES list; the API's token
+    statement (``portal.tenants.tokens.token_use``) over its own token's ids."""
     quote = connection.ops.quote_name
     table = quote(AccessCounter._meta.db_table)
     scope_, key_, started_, count_, locked_ = (
         quote(name) for name in ("scope", "key", "window_started_at", "count", "locked_until")
     )
-    start = connection.ops.adapt_datetimefield_value(now)
     # A row's window is current when it started after its own scope's expiry time.
-    current = " OR ".join(f"({table}.{scope_} = %s AND {table}.{started_} > %s)" for _ in hits)
-    expiries: list[Any] = []
-    for hit in hits:
-        expired = now - timedelta(seconds=hit.window_s)
-        expiries += [hit.scope, connection.ops.adapt_datetimefield_value(expired)]
-    values = ", ".join("(%s, %s, %s, 1, NULL)" for _ in hits)
-    sql = f"""
+    current = " OR ".join(
+        f"({table}.{scope_} = %s AND {table}.{started_} > %s)" for _ in range(hits)
+    )
+    return f"""
         INSERT INTO {table} ({scope_}, {key_}, {started_}, {count_}, {locked_})
-        VALUES {values}
+        {source}
         ON CONFLICT ({scope_}, {key_}) DO UPDATE SET
             {count_} = CASE WHEN {current} THEN {table}.{count_} + 1 ELSE 1 END,
             {started_} = CASE WHEN {current}
                               THEN {table}.{started_} ELSE excluded.{started_} END
         RETURNING {scope_}, {count_}, {started_}, {locked_}
     """  # noqa: S608 - the table name is ours; every value is a parameter
-    params: list[Any] = [value for hit in hits for value in (hit.scope, hit.key, start)]
-    # One SQL text per number of hits: a prepared statement on PostgreSQL.
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [*params, *expiries, *expiries])
-        rows = {row[0]: row[1:] for row in cursor.fetchall()}
-    return [
-        Window(int(count), _as_datetime(started_at), _as_datetime_or_none(locked_until))
-        for count, started_at, locked_until in (rows[hit.scope] for hit in hits)
-    ]
+
+
+def counter_upsert_params(scoped: Sequence[tuple[str, float]], *, now: datetime) -> list[Any]:
+    """The parameters ``counter_upsert_sql`` adds after its source's, from each hit's scope
+    and window in seconds: the scope and the time before which its window has expired,
+    twice."""
+    expiries: list[Any] = []
+    for scope, window_s in scoped:
+        expired = now - timedelta(seconds=window_s)
+        expiries += [scope, connection.ops.adapt_datetimefield_value(expired)]
+    return [*expiries, *expiries]
+
+
+def window_of(
+    count: int, started_at: datetime | str, locked_until: datetime | str | None
+) -> Window:
+    """A window from the columns ``counter_upsert_sql`` returns (after the scope)."""
+    return Window(int(count), _as_datetime(started_at), _as_datetime_or_none(locked_until))
 
 
 def counter_get(*, scope: str, key: str) -> Window | None:

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from portal.compiled_queries import prepared_cursor
+from portal.tenants.counters import Window, counter_upsert_params, counter_upsert_sql, window_of
 from portal.tenants.models import TOKEN_NAME_MAX_CHARS, TOKEN_SCOPES, ApiToken
 
 # 20 random bytes as 40 hex characters: the shape DRF's tokens had, so old keys still fit.
@@ -150,6 +151,8 @@ class _TokenLookup:
     once."""
 
     sql: str
+    select: str  # the token's and its user's columns
+    source: str  # FROM the tokens JOIN their users, WHERE the digest is the parameter
     token_fields: tuple[Field[Any, Any], ...]
     user_fields: tuple[Field[Any, Any], ...]
     converters: tuple[tuple[Col, tuple[Any, ...]], ...]
@@ -182,12 +185,13 @@ def _token_lookup(vendor: str) -> _TokenLookup:
         *(f"{quote(users.db_table)}.{quote(field.column)}" for field in user_fields),
     ]
     user_id = tokens.get_field("user").column
-    sql = (
-        f"SELECT {', '.join(columns)} FROM {quote(tokens.db_table)} "  # noqa: S608 - names are ours
+    source = (
+        f"FROM {quote(tokens.db_table)} "
         f"INNER JOIN {quote(users.db_table)} "
         f"ON {quote(tokens.db_table)}.{quote(user_id)} = {quote(users.db_table)}.{quote(users.pk.column)} "
         f"WHERE {quote(tokens.db_table)}.{quote(tokens.get_field('digest').column)} = %s"
     )
+    select = ", ".join(columns)
     converters = []
     for model, fields in ((ApiToken, token_fields), (user_model, user_fields)):
         for field in fields:
@@ -195,8 +199,118 @@ def _token_lookup(vendor: str) -> _TokenLookup:
             found = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
             converters.append((column, tuple(found)))
     return _TokenLookup(
-        sql=sql, token_fields=token_fields, user_fields=user_fields, converters=tuple(converters)
+        sql=f"SELECT {select} {source}",  # noqa: S608 - names are ours
+        select=select,
+        source=source,
+        token_fields=token_fields,
+        user_fields=user_fields,
+        converters=tuple(converters),
     )
+
+
+@dataclass(frozen=True)
+class TokenHit:
+    """A rate-limit counter a request counts in (``portal.tenants.counters``), keyed by the
+    token's id or by its user's."""
+
+    scope: str
+    window_s: float
+    per_token: bool  # keyed by the token's id; False: by its user's
+
+
+@dataclass(frozen=True)
+class TokenUse:
+    token: ApiToken  # its user joined
+    windows: list[Window]  # after this request's hits, one per hit; empty when none counted
+
+
+def token_use(
+    *, key: str, now: datetime, hits: Sequence[TokenHit], scope: str | None
+) -> TokenUse | None:
+    """``token_find``, ``token_touch`` and ``counter_hits`` in ONE statement (PostgreSQL only;
+    a prepared one): the token whose key this is, its last use written when it is usable
+    (as ``token_touch`` writes it), and one hit counted in each of ``hits`` when it is usable
+    and holds ``scope`` (None: any token). None for an unknown key.
+
+    A data-modifying ``WITH``: the lookup, the conditional UPDATE of last_used_at and the
+    counters' upsert read one snapshot, so the token's row comes back as it was before the
+    UPDATE (its last use is set here when the statement wrote it)."""
+    sql, width = _token_use_sql(tuple(hit.per_token for hit in hits))
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    stale = connection.ops.adapt_datetimefield_value(now - LAST_USED_RESOLUTION)
+    params: list[Any] = [stamp, token_digest(key), stamp, stale]  # found; touched
+    if hits:
+        params += [stamp, *(hit.scope for hit in hits), scope, scope]  # the counters' rows
+        params += counter_upsert_params([(hit.scope, hit.window_s) for hit in hits], now=now)
+        params += [hit.scope for hit in hits for _ in range(3)]  # which counter is which
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    token = _token_lookup(connection.vendor).token(row[:width])
+    # After the token's and user's columns: the four found_ columns, then whether
+    # last_used_at was written, then the counters.
+    touched, counted = row[width + 4], row[width + 5 :]
+    if touched:
+        token.last_used_at = now
+    windows = [
+        window_of(*counted[index : index + 3])
+        for index in range(0, len(counted), 3)
+        if counted[index] is not None
+    ]
+    return TokenUse(token=token, windows=windows)
+
+
+@functools.cache
+def _token_use_sql(per_token: tuple[bool, ...]) -> tuple[str, int]:
+    """``token_use``'s statement, for hits keyed by the token's id (True) or its user's, and
+    how many token and user columns its row starts with (``_TokenLookup``); then come
+    the four found_ columns (whether the token is usable first), whether last_used_at was
+    written, and each hit's count, window start and lock (NULL when none was counted)."""
+    lookup = _token_lookup(connection.vendor)
+    quote = connection.ops.quote_name
+    tokens, users = ApiToken._meta, get_user_model()._meta
+    token_table, user_table = quote(tokens.db_table), quote(users.db_table)
+    token_id = quote(tokens.pk.column)  # type: ignore[union-attr]
+    token_user = quote(tokens.get_field("user").column)
+    expires, last_used, scopes = (
+        quote(tokens.get_field(name).column) for name in ("expires_at", "last_used_at", "scopes")
+    )
+    # The user's is_active and ApiToken.expired, as PortalTokenAuthentication checks them.
+    usable = (
+        f"{user_table}.{quote(users.get_field('is_active').column)} "
+        f"AND ({token_table}.{expires} IS NULL OR {token_table}.{expires} > %s)"
+    )
+    width = len(lookup.token_fields) + len(lookup.user_fields)
+    sql = (
+        f"WITH found AS (SELECT {lookup.select}, {usable} AS found_usable, "  # noqa: S608
+        f"{token_table}.{token_id} AS found_token_id, {token_table}.{token_user} AS "
+        f"found_user_id, {token_table}.{scopes} AS found_scopes {lookup.source}), "
+        # token_touch's conditional UPDATE: at most one write a minute per token.
+        f"touched AS (UPDATE {token_table} SET {last_used} = %s "
+        f"WHERE {token_id} = (SELECT found_token_id FROM found WHERE found_usable) "
+        f"AND ({last_used} IS NULL OR {last_used} <= %s) RETURNING {token_id})"
+    )
+    returned = ["found.*", "EXISTS (SELECT 1 FROM touched)"]
+    if per_token:
+        keys = ", ".join(
+            f"(%s, found.{'found_token_id' if by_token else 'found_user_id'}::text)"
+            for by_token in per_token
+        )
+        # ApiThrottle counts only requests that passed authentication and TokenScopes.
+        rows = (
+            f"SELECT v.scope, v.key, %s::timestamptz, 1, NULL FROM found "
+            f"CROSS JOIN LATERAL (VALUES {keys}) AS v(scope, key) WHERE found.found_usable "
+            "AND (%s::text IS NULL OR found.found_scopes @> jsonb_build_array(%s::text))"
+        )
+        sql += f", counted AS ({counter_upsert_sql(rows, len(per_token))})"
+        returned += [
+            f"(SELECT {column} FROM counted WHERE {quote('scope')} = %s)"
+            for _ in per_token
+            for column in (quote("count"), quote("window_started_at"), quote("locked_until"))
+        ]
+    return f"{sql} SELECT {', '.join(returned)} FROM found", width
 
 
 def token_touch(*, token: ApiToken, now: datetime) -> None:

@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from portal.env import ConfigError, env_rate
 from portal.jobs.testing import World
 from portal.tenants.models import AccessCounter, ApiToken
-from portal.tenants.tokens import token_digest, token_issue
+from portal.tenants.tokens import token_create, token_digest, token_issue
 
 pytestmark = pytest.mark.django_db
 
@@ -124,6 +124,34 @@ def test_a_new_window_starts_when_the_old_one_has_passed(world, settings):
 
     assert api(key).get("/api/v1/jobs/").status_code == 200
     assert AccessCounter.objects.get(scope="api-user").count == 1
+
+
+def test_only_requests_that_pass_the_token_and_scope_checks_are_counted(world, settings):
+    """What ApiThrottle counts after authentication and the scope check, whether the
+    token's own statement counts it (PostgreSQL) or ApiThrottle does (elsewhere)."""
+    settings.API_THROTTLE_USER = (100, 60.0)
+    settings.API_THROTTLE_TOKEN = (100, 60.0)
+    _, key = token_create(user=world.alice, name="reader", scopes=["read"])
+
+    def counts() -> dict[str, int]:
+        return dict(AccessCounter.objects.values_list("scope", "count"))
+
+    assert api(key).get("/api/v1/jobs/").status_code == 200
+    assert api(key).put("/api/v1/jobs/", {}, format="json").status_code == 405
+    assert counts() == {"api-user": 2, "api-token": 2}
+    assert api(key).post("/api/v1/jobs/", {}, format="json").status_code == 403  # no submit
+    assert counts() == {"api-user": 2, "api-token": 2}
+    assert api(key).get("/api/v1/jobs/?q=%00").status_code == 400  # refused before auth
+    assert counts() == {"api-user": 2, "api-token": 2}
+
+    ApiToken.objects.filter(digest=token_digest(key)).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    assert api(key).get("/api/v1/jobs/").status_code == 401
+    world.alice.is_active = False
+    world.alice.save()
+    assert api(token_issue(user=world.alice)).get("/api/v1/jobs/").status_code == 401
+    assert counts() == {"api-user": 2, "api-token": 2}
 
 
 def test_off_turns_a_limit_off(world, settings):

@@ -20,8 +20,8 @@ from django.urls import reverse
 from portal_client.cli import build_parser, submit_request
 from rest_framework.test import APIClient
 
-from portal.cluster.models import Gpu, Node
-from portal.cluster.services import sync_inventory
+from portal.cluster.models import Gpu, InventoryVersion, Node
+from portal.cluster.services import inventory_version, sync_inventory
 from portal.jobs.arrays import validate_array_request
 from portal.jobs.cluster_fit import UNCHECKED_NOTE, match_gpu_model
 from portal.jobs.models import Job, JobEvent, JobState
@@ -524,3 +524,29 @@ def test_a_node_that_grew_counts_at_the_next_submit_and_an_unchanged_one_is_not_
         2
     ):  # the member's teams with their own limit, the inventory's token
         validate_job_request(request, user=world.alice)
+
+
+def test_the_inventory_version_is_read_again_after_the_recheck_time_or_a_change_made_here(
+    world, settings, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    settings.INVENTORY_RECHECK_S = 60.0
+    node = Node.objects.create(name="node-g", hostname="node-g", driver="described")
+    two = {"gpus": [{"mode": "whole", "count": 2, "model": A100}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_inventory(node, described_inventory("node-g", two).gpus)
+    request = {**BODY, "gpu": {"kind": "whole", "count": 2}}
+    validate_job_request(request, user=world.alice)
+    with django_assert_num_queries(1):  # the member's teams; the token read a moment ago
+        validate_job_request(request, user=world.alice)
+
+    # A change this process records is seen by its next submit.
+    eight = {"gpus": [{"mode": "whole", "count": 8, "model": A100}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        sync_inventory(node, described_inventory("node-g", eight).gpus)
+    validate_job_request({**BODY, "gpu": {"kind": "whole", "count": 8}}, user=world.alice)
+
+    # One recorded by another process is seen once the recheck time has passed.
+    InventoryVersion.objects.filter(pk=1).update(token="changed-elsewhere")
+    assert inventory_version() != "changed-elsewhere"
+    settings.INVENTORY_RECHECK_S = 0.0
+    assert inventory_version() == "changed-elsewhere"
