@@ -367,7 +367,7 @@ def _guard_world(team, user, node: str, other: str) -> tuple[list[Job], list[dic
 
 
 def test_the_one_statement_start_refuses_and_starts_exactly_as_the_orm_path(
-    nodes, team_and_user, django_capture_on_commit_callbacks, monkeypatch
+    postgres_db, nodes, team_and_user, django_capture_on_commit_callbacks, monkeypatch
 ):
     import portal.jobs.attempts as attempts
 
