@@ -24,13 +24,13 @@ from portal.agents.models import Dispatch, JobMetrics, NodeCredential, RefusedMe
 from portal.agents.trust import record_refusal
 from portal.cluster.models import Gpu, Node, Slice
 from portal.cluster.services import sync_inventory
-from portal.compiled_queries import compiled_rows
 from portal.jobs.attempts import (
     AttemptStarted,
+    ReportedAttempt,
     attempt_finish,
     attempt_settle_late,
     attempt_start,
-    attempts_start,
+    attempts_start_on_node,
 )
 from portal.jobs.gangs import gang_members
 from portal.jobs.models import (
@@ -124,11 +124,12 @@ def record_reports(batch: Reports, *, now: datetime) -> Ack:
     nonce), with the same effects as each report handled alone, in the batch's order:
 
     1. a report repeated inside the batch (same key) is applied once;
-    2. the attempts ever placed on the node are read in one query: a report about another is
-       refused and recorded, and acknowledged (as alone);
-    3. the ``started`` of single-node jobs still ASSIGNED at that attempt move to RUNNING
-       together (``attempts_start``: one guarded UPDATE, one INSERT of events);
-    4. every other report goes the way it goes alone: a ``started`` that did not move (a
+    2. the attempts ever placed on the node are read, and the ``started`` of single-node
+       jobs still ASSIGNED at that attempt move to RUNNING together, in one statement on
+       PostgreSQL (``attempts_start_on_node``: the guarded UPDATE and the INSERT of events
+       of ``attempts_start``); a report about an attempt never placed on the node is refused
+       and recorded, and acknowledged (as alone);
+    3. every other report goes the way it goes alone: a ``started`` that did not move (a
        repeat, a stale attempt, a gang's part), log chunks and ``finished`` (charging,
        losses, requeues, gangs).
 
@@ -137,42 +138,32 @@ def record_reports(batch: Reports, *, now: datetime) -> Ack:
     for report in batch.reports:
         unique.setdefault(report.report_key().as_tuple(), report)
     reports = list(unique.values())
-    # SQL compiled once per number of jobs (portal.compiled_queries): every batch asks.
-    job_ids = sorted({r.job_id for r in reports})
-    placed = {
-        (row["job_id"], row["attempt"])
-        for row in compiled_rows(
-            key=("attempts-placed-on-node", len(job_ids)),
-            build=lambda values: (
-                Allocation.objects.filter(job_id__in=values[1:], slice__gpu__node__name=values[0])
-                .values("job_id", "attempt")
-                .distinct()
-            ),
-            values=[batch.node, *job_ids],
-        )
-    }
-    ours = []
-    for report in reports:
-        if (report.job_id, report.attempt) in placed:
-            ours.append(report)
-        else:
-            _refuse_not_its_attempt(report, now=now)
-    starts: dict[int, Started] = {}
-    for report in ours:
-        if isinstance(report, Started):
-            starts.setdefault(report.job_id, report)
-    started = attempts_start(
-        [
-            AttemptStarted(
+    starts = attempts_start_on_node(
+        node=batch.node,
+        reported=[
+            ReportedAttempt(
                 job_id=r.job_id,
                 attempt=r.attempt,
-                started_at=_at(r.started_at),
-                message=f"started on {r.node}",
+                start=AttemptStarted(
+                    job_id=r.job_id,
+                    attempt=r.attempt,
+                    started_at=_at(r.started_at),
+                    message=f"started on {r.node}",
+                )
+                if isinstance(r, Started)
+                else None,
             )
-            for r in starts.values()
+            for r in reports
         ],
         at=now,
     )
+    ours = []
+    for report in reports:
+        if (report.job_id, report.attempt) in starts.placed:
+            ours.append(report)
+        else:
+            _refuse_not_its_attempt(report, now=now)
+    started = starts.started
     for report in ours:
         if isinstance(report, Started):
             if (report.job_id, report.attempt) not in started:

@@ -170,6 +170,9 @@ class SentMessages:
         with self.lock:
             self.sent.append((name, message, options.get("queue")))
 
+    def record_to_queue(self, name: str, envelope: Any, *, queue: str, **_: Any) -> None:
+        self.record(name, args=[envelope], queue=queue)
+
     def of(self, task: str) -> list[tuple[Any, str | None]]:
         """The messages sent to ``task`` (unwrapped from their signed envelopes), with queues."""
         with self.lock:
@@ -196,11 +199,14 @@ def _unwrap(message: Any) -> Any:
 
 @contextmanager
 def capture_sent_messages() -> Iterator[SentMessages]:
-    """Replace the Celery app's ``send_task`` with a recorder (thread-safe) for the block."""
+    """Replace the Celery app's ``send_task`` and ``send_to_queue`` (the agents' messages)
+    with a recorder (thread-safe) for the block."""
     recorder = SentMessages()
-    original = app.send_task
+    original, original_to_queue = app.send_task, app.send_to_queue
     app.send_task = recorder.record  # type: ignore[method-assign]
+    app.send_to_queue = recorder.record_to_queue  # type: ignore[method-assign]
     try:
         yield recorder
     finally:
         app.send_task = original  # type: ignore[method-assign]
+        app.send_to_queue = original_to_queue  # type: ignore[method-assign]

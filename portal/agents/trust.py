@@ -12,6 +12,7 @@ refused. Every refusal leaves a `RefusedMessage` row and a log line.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from django.utils import timezone
 
 from portal.agents.keys import key_problem, node_keys
 from portal.agents.models import RefusedMessage, SeenNonce
+from portal.compiled_queries import prepared_cursor
 from workers.protocol import TO_PORTAL_TYPES, Message
 from workers.signing import (
     Envelope,
@@ -65,17 +67,12 @@ def claim_nonce(envelope: Envelope, *, now: datetime) -> None:
 
     One statement, ``INSERT ... ON CONFLICT DO NOTHING RETURNING``: a nonce already there
     inserts nothing and returns no row, with no savepoint to set and release around it (an
-    IntegrityError would need one, and every message from every agent passes here)."""
-    quote = connection.ops.quote_name
-    meta = SeenNonce._meta
-    table = quote(meta.db_table)
-    node, nonce, seen_at, pk = (
-        quote(meta.get_field(name).column) for name in ("node", "nonce", "seen_at", "id")
-    )
-    with connection.cursor() as cursor:
+    IntegrityError would need one, and every message from every agent passes here). Its SQL
+    is fixed, so on PostgreSQL it is a prepared statement of the connection (parsed and
+    planned once)."""
+    with prepared_cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {table} ({node}, {nonce}, {seen_at}) VALUES (%s, %s, %s) "
-            f"ON CONFLICT ({node}, {nonce}) DO NOTHING RETURNING {pk}",
+            _claim_nonce_sql(connection.vendor),
             [envelope.node, envelope.nonce, connection.ops.adapt_datetimefield_value(now)],
         )
         claimed = cursor.fetchone() is not None
@@ -83,6 +80,21 @@ def claim_nonce(envelope: Envelope, *, now: datetime) -> None:
         raise SignatureError(
             "replay", f"nonce {envelope.nonce} was applied already", node=envelope.node
         )
+
+
+@functools.cache
+def _claim_nonce_sql(vendor: str) -> str:
+    """``claim_nonce``'s SQL, built once per backend (its quoting is the backend's)."""
+    quote = connection.ops.quote_name
+    meta = SeenNonce._meta
+    table = quote(meta.db_table)
+    node, nonce, seen_at, pk = (
+        quote(meta.get_field(name).column) for name in ("node", "nonce", "seen_at", "id")
+    )
+    return (
+        f"INSERT INTO {table} ({node}, {nonce}, {seen_at}) VALUES (%s, %s, %s) "
+        f"ON CONFLICT ({node}, {nonce}) DO NOTHING RETURNING {pk}"
+    )
 
 
 def forget_old_nonces(*, now: datetime) -> int:

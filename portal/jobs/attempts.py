@@ -12,6 +12,8 @@ waits on the broker: callers send their messages after commit.
 from __future__ import annotations
 
 import enum
+import functools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -22,11 +24,14 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from portal.accounting.services import charge_attempt
+from portal.cluster.models import Gpu, Node, Slice
+from portal.compiled_queries import compiled_rows, prepared_cursor
 from portal.jobs.gangs import GangMember, gang_members
 from portal.jobs.models import HOLDING_STATES, Allocation, GangPart, Job, JobEvent, JobState
 from portal.jobs.transitions import (
     Move,
     Note,
+    announce_moves,
     record_event,
     record_events,
     transition,
@@ -144,6 +149,150 @@ def attempts_start(starts: Sequence[AttemptStarted], *, at: datetime) -> set[tup
         at=at,
     )
     return {(m.job_id, m.attempt) for m in moved}
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedAttempt:
+    """One report of a node's batch, as ``attempts_start_on_node`` needs it: the attempt it
+    is about, and its start when it is a ``started``."""
+
+    job_id: int
+    attempt: int
+    start: AttemptStarted | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStarts:
+    """What ``attempts_start_on_node`` found and did: the (job, attempt)s of the batch that
+    were ever placed on the node, and those of them that started."""
+
+    placed: set[tuple[int, int]]
+    started: set[tuple[int, int]]
+
+
+def attempts_start_on_node(
+    *, node: str, reported: Sequence[ReportedAttempt], at: datetime
+) -> NodeStarts:
+    """A node's batch of reports (in its order, one per report key): which of its attempts
+    were ever placed on ``node`` (an allocation of theirs on one of its slices, held now or
+    before; a report about another one is not applied), and ``attempts_start`` for the first
+    ``started`` of each job among those placed. Returns both.
+
+    On PostgreSQL that is ONE prepared statement (``_start_on_node_sql``): the batch travels
+    as one JSON parameter; the placed attempts, the guarded UPDATE (ASSIGNED at that
+    attempt, not a multi-node gang) and the INSERT of the moved jobs' events are its
+    data-modifying parts, with the same guards and rows as the two ORM-built statements and
+    the query they replace (what SQLite still runs). Their events are announced after commit
+    as every transition's."""
+    if not reported:
+        return NodeStarts(placed=set(), started=set())
+    if not _starts_in_one_statement():
+        placed = _attempts_placed_on_node(node, sorted({r.job_id for r in reported}))
+        first: dict[int, AttemptStarted] = {}
+        for report in reported:
+            if report.start is not None and (report.job_id, report.attempt) in placed:
+                first.setdefault(report.job_id, report.start)
+        return NodeStarts(placed=placed, started=attempts_start(list(first.values()), at=at))
+    rows = [
+        {
+            "ord": ord,
+            "job_id": r.job_id,
+            "attempt": r.attempt,
+            "starts": r.start is not None,
+            "started_at": None if r.start is None else r.start.started_at.isoformat(),
+            "message": "" if r.start is None else r.start.message,
+        }
+        for ord, r in enumerate(reported)
+    ]
+    with prepared_cursor() as cursor:
+        cursor.execute(_start_on_node_sql(), [json.dumps(rows), node, at])
+        result = cursor.fetchall()
+    placed = {(job_id, attempt) for job_id, attempt, _ in result}
+    moved = {(job_id, attempt) for job_id, attempt, did in result if did}
+    announce_moves(
+        [
+            Move(r.job_id, r.attempt, r.start.message)
+            for r in reported
+            if r.start is not None and (r.job_id, r.attempt) in moved
+        ],
+        from_state=S.ASSIGNED,
+        to=S.RUNNING,
+        at=at,
+    )
+    return NodeStarts(placed=placed, started=moved)
+
+
+def _starts_in_one_statement() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _attempts_placed_on_node(node: str, job_ids: Sequence[int]) -> set[tuple[int, int]]:
+    """The (job, attempt)s of ``job_ids`` ever placed on ``node``; SQL compiled once per
+    number of jobs (portal.compiled_queries): every batch asks."""
+    return {
+        (row["job_id"], row["attempt"])
+        for row in compiled_rows(
+            key=("attempts-placed-on-node", len(job_ids)),
+            build=lambda values: (
+                Allocation.objects.filter(job_id__in=values[1:], slice__gpu__node__name=values[0])
+                .values("job_id", "attempt")
+                .distinct()
+            ),
+            values=[node, *job_ids],
+        )
+    }
+
+
+@functools.cache
+def _start_on_node_sql() -> str:
+    """``attempts_start_on_node``'s statement (PostgreSQL): $1 the batch as JSON, $2 the
+    node's name, $3 the events' time. Returns (job, attempt, started) per placed attempt."""
+    quote = connection.ops.quote_name
+
+    def table(model: Any) -> str:
+        return quote(model._meta.db_table)
+
+    def column(model: Any, name: str) -> str:
+        return quote(model._meta.get_field(name).column)
+
+    job, event, allocation = table(Job), table(JobEvent), table(Allocation)
+    state, attempt = column(Job, "state"), column(Job, "attempt")
+    # Each report once, in the batch's order; a job's first `started` among the attempts
+    # placed on the node is the one that may start it (as reports are taken one by one).
+    return f"""
+WITH batch AS (
+    SELECT * FROM jsonb_to_recordset(%s::jsonb) AS b(
+        ord integer, job_id bigint, attempt integer, starts boolean,
+        started_at timestamptz, message text)
+), node_attempts AS (
+    SELECT DISTINCT a.{column(Allocation, "job")} AS job_id,
+        a.{column(Allocation, "attempt")} AS attempt
+    FROM {allocation} a
+    JOIN {table(Slice)} s ON s.{quote("id")} = a.{column(Allocation, "slice")}
+    JOIN {table(Gpu)} g ON g.{quote("id")} = s.{column(Slice, "gpu")}
+    JOIN {table(Node)} n ON n.{quote("id")} = g.{column(Gpu, "node")}
+    WHERE n.{column(Node, "name")} = %s
+        AND a.{column(Allocation, "job")} IN (SELECT job_id FROM batch)
+), placed AS (
+    SELECT b.* FROM batch b
+    JOIN node_attempts p ON p.job_id = b.job_id AND p.attempt = b.attempt
+), first_starts AS (
+    SELECT DISTINCT ON (job_id) * FROM placed WHERE starts ORDER BY job_id, ord
+), moved AS (
+    UPDATE {job} SET {state} = '{S.RUNNING}', {column(Job, "started_at")} = f.started_at
+    FROM first_starts f
+    WHERE {job}.{quote("id")} = f.job_id AND {job}.{state} = '{S.ASSIGNED}'
+        AND {job}.{attempt} = f.attempt AND NOT {job}.{column(Job, "multi_node")}
+    RETURNING {job}.{quote("id")} AS job_id, f.attempt, f.ord, f.message
+), events AS (
+    INSERT INTO {event} ({column(JobEvent, "job")}, {column(JobEvent, "at")},
+        {column(JobEvent, "from_state")}, {column(JobEvent, "to_state")},
+        {column(JobEvent, "attempt")}, {column(JobEvent, "message")})
+    SELECT job_id, %s, '{S.ASSIGNED}', '{S.RUNNING}', attempt, message FROM moved ORDER BY ord
+)
+SELECT DISTINCT p.job_id, p.attempt, m.job_id IS NOT NULL
+FROM placed p LEFT JOIN moved m ON m.job_id = p.job_id AND m.attempt = p.attempt
+"""
 
 
 # --- end ----------------------------------------------------------------------------------

@@ -206,6 +206,13 @@ def _record_moves(moves: Sequence[Move], *, from_state: str, to: str, at: dateti
         ("job", "at", "from_state", "to_state", "attempt", "message"),
         [(m.job_id, at, from_state, to, m.attempt, m.message) for m in moves],
     )
+    announce_moves(moves, from_state=from_state, to=to, at=at)
+
+
+def announce_moves(moves: Sequence[Move], *, from_state: str, to: str, at: datetime) -> None:
+    """Announce after commit the moves of a batch whose UPDATE and events were written by
+    one statement of the caller's (``attempts_start_on_node``)."""
+    check_transition(from_state, to)
     _announce_on_commit(
         [StateChange(m.job_id, from_state, to, m.attempt, at, m.message) for m in moves]
     )

@@ -4,6 +4,7 @@ exactly the effects its reports have when each comes alone."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -332,3 +333,88 @@ def test_a_batch_ends_in_exactly_the_state_its_reports_make_one_by_one(
 
 def _unwrap(message: Any) -> Any:
     return json.loads(message["signed"])["msg"]
+
+
+def _guard_world(team, user, node: str, other: str) -> tuple[list[Job], list[dict[str, Any]]]:
+    """A job for each guard a batch's ``started`` meets on ``node``, and the batch."""
+    starting, repeat, gang, cancelled, twice = (_holding(team, user, node) for _ in range(5))
+    Job.objects.filter(pk=repeat.pk).update(state=JobState.RUNNING)
+    Job.objects.filter(pk=gang.pk).update(multi_node=True)
+    Job.objects.filter(pk=cancelled.pk).update(state=JobState.CANCELLED)
+    elsewhere = _holding(team, user, other)
+    # Placed on the node at attempt 1 (released), now ASSIGNED at attempt 2 there: a late
+    # `started` of attempt 1 is its node's, but not the job's current attempt.
+    moved_on = make_job(team=team, user=user, state=JobState.ASSIGNED, attempt=1)
+    allocate(moved_on, [_free_slice(node)], released=True)
+    Job.objects.filter(pk=moved_on.pk).update(attempt=2)
+    moved_on.refresh_from_db()
+    allocate(moved_on, [_free_slice(node)])
+    at = 1_700_000_000.0
+    sent = [
+        started(starting.pk, 1, node=node, at=at),
+        started(repeat.pk, 1, node=node, at=at),
+        started(gang.pk, 1, node=node, at=at),
+        started(cancelled.pk, 1, node=node, at=at),
+        started(elsewhere.pk, 1, node=node, at=at),
+        started(moved_on.pk, 1, node=node, at=at),
+        # A job's first `started` about an attempt never on the node, then its own.
+        started(twice.pk, 7, node=node, at=at),
+        log_chunk(twice.pk, 1, 0, "t\n", node=node),
+        started(twice.pk, 1, node=node, at=at + 5),
+        started(999_999, 1, node=node, at=at),  # no such job
+    ]
+    return [starting, repeat, gang, cancelled, elsewhere, moved_on, twice], sent
+
+
+def test_the_one_statement_start_refuses_and_starts_exactly_as_the_orm_path(
+    postgres_db, nodes, team_and_user, django_capture_on_commit_callbacks, monkeypatch
+):
+    import portal.jobs.attempts as attempts
+
+    assert attempts._starts_in_one_statement()  # PostgreSQL: the statement is what runs
+    team, alice = team_and_user
+    orm_jobs, orm_reports = _guard_world(team, alice, NODE, OTHER)
+    one_jobs, one_reports = _guard_world(team, alice, OTHER, NODE)
+
+    with capture_sent_messages() as sent:
+        with monkeypatch.context() as patched:
+            patched.setattr(attempts, "_starts_in_one_statement", lambda: False)
+            with django_capture_on_commit_callbacks(execute=True):
+                assert deliver(reports(*orm_reports, node=NODE)) == "reports"
+        by_orm = len(sent.sent)
+        with django_capture_on_commit_callbacks(execute=True):
+            assert deliver(reports(*one_reports, node=OTHER)) == "reports"
+
+    assert _end_state(one_jobs, OTHER) == _end_state(orm_jobs, NODE)
+    states = [row["state"] for row, *_ in _end_state(one_jobs, OTHER)]
+    # starting, repeat, gang (its own path, one part), cancelled, elsewhere, moved_on, twice
+    assert states == ["RUNNING", "RUNNING", "RUNNING", "CANCELLED", "ASSIGNED", "ASSIGNED"] + [
+        "RUNNING"
+    ]
+    to_orm = {one.pk: orm.pk for orm, one in zip(orm_jobs, one_jobs, strict=True)}
+
+    def refused(node, jobs):
+        return [
+            (reason, re.sub(r"job (\d+)", lambda m: f"job {jobs.get(int(m[1]), m[1])}", detail))
+            for reason, detail in RefusedMessage.objects.filter(node=node)
+            .order_by("pk")
+            .values_list("reason", "detail")
+        ]
+
+    assert [
+        (reason, detail.replace(OTHER, NODE)) for reason, detail in refused(OTHER, to_orm)
+    ] == refused(NODE, {})
+    assert len(refused(OTHER, {})) == 3  # elsewhere, attempt 7, no such job
+
+    orm_sent, one_sent = sent.sent[:by_orm], sent.sent[by_orm:]
+    assert [name for name, _, _ in one_sent] == [name for name, _, _ in orm_sent]
+    (one_ack,) = [_unwrap(m)["reports"] for name, m, _ in one_sent if name == "agent.ack"]
+    (orm_ack,) = [_unwrap(m)["reports"] for name, m, _ in orm_sent if name == "agent.ack"]
+    to_orm[999_999] = 999_999
+    assert [{**key, "job_id": to_orm[key["job_id"]]} for key in one_ack] == orm_ack
+    stops = [
+        (to_orm.get(_unwrap(m)["job_id"], _unwrap(m)["job_id"]), _unwrap(m)["attempt"])
+        for name, m, _ in sent.sent
+        if name == "agent.stop"
+    ]
+    assert stops == [(orm_jobs[5].pk, 1), (orm_jobs[5].pk, 1)]  # the attempt moved on from

@@ -38,7 +38,7 @@ def test_a_broker_failure_is_logged_not_raised_and_not_recorded_as_sent(
     def broken(*args, **kwargs):
         raise ConnectionError("broker is down")
 
-    monkeypatch.setattr(app, "send_task", broken)
+    monkeypatch.setattr(app, "send_to_queue", broken)
 
     send_launch(holding_job.pk)
 
