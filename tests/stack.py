@@ -343,15 +343,20 @@ def _purge_queue(redis_url: str, queue: str) -> None:
 
 def _point_celery_at(broker_url: str) -> Callable[[], None]:
     """Make this process's Celery app publish to `broker_url`; returns how to undo it."""
+    from kombu import pools
+
     from portal.celery import app
 
     previous = app.conf.broker_url
 
     def use(url: str) -> None:
-        # Connections and producers made for the old URL are pooled: drop them.
-        if app._pool is not None:
-            app._pool.force_close_all()
-            app._pool = None
+        # Connections and producers made for the old URL are pooled, and the pools are
+        # kombu's process-wide registries keyed by the URL (the app's `pool` is one of them):
+        # closing one without dropping it from the registry hands the same closed pool back
+        # when this process publishes to that URL again ("Acquire on closed pool"). So
+        # close them all and empty the registries; the next publish builds new ones.
+        pools.reset()
+        app._pool = None
         app.amqp._producer_pool = None
         app.conf.broker_url = url
 
