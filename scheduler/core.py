@@ -402,6 +402,14 @@ class Cycle:
                 return False
             made[self.first_round] += 1
         job = c.job
+        if not self.listing and not self.index.total_free(c.pools):
+            # Nothing of its pools is free, so it would set nothing aside: its start time
+            # would only be told (nobody asks, with no pending list), and the sweep of the
+            # running jobs' ends is the cost of a pass full of starving jobs. (Free slices
+            # never come back within a pass, so none of its kind could set any aside later.)
+            self.wait(c, PendingCode.RESERVED, {"at": "unknown"})
+            self.check_settled()
+            return True
         reservation = reserve(
             self.index,
             self.timeline,

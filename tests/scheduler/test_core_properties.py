@@ -326,6 +326,11 @@ def test_switching_explanations_off_changes_no_decision(
         explained.fail,
     )
     assert sorted(p.job_id for p in bare.pending) == sorted(p.job_id for p in explained.pending)
+    # Nor listing no pending job (the simulator's pass, where a reservation that could set
+    # nothing aside is not computed).
+    lean = schedule(snap, now=NOW, config=replace(config, explain=False, list_pending=False))
+    assert (lean.assign, lean.preempt, lean.fail) == (bare.assign, bare.preempt, bare.fail)
+    assert lean.pending == ()
 
 
 def _fields(config: SchedulerConfig) -> dict[str, object]:
