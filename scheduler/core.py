@@ -32,7 +32,7 @@ from typing import Protocol
 from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Reservation, Timeline, give_back, reserve, set_aside_again
 from scheduler.baselines import Fifo
-from scheduler.cluster import FreeIndex, Placement, shape_of
+from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
 from scheduler.explain import Explainer, Left, Placed, capacity_reason, no_fit_numbers
 from scheduler.memo import Carry, PassMemo
@@ -254,19 +254,87 @@ class Cycle:
         if self.scope is SETTLED:
             self.record_rest(jobs)
             return
-        ordered = self.rules.order(self, self.narrow(jobs))
+        jobs = self.narrow(jobs)
+        thinned = self._thinnable()
+        if thinned:
+            jobs = self.thin(jobs)
+        ordered = self.rules.order(self, jobs)
         admit = self.admit
         scope = self.scope
-        for candidate in ordered:
-            admit(candidate)
-            if self.scope is not scope:
-                scope = self.scope
-                if scope is SETTLED:
-                    if self.listing:  # (the rest of the queue may not be nominated yet)
-                        self.record_rest(ordered.rest())
-                    return
-                assert scope is not None
-                self.record_rest(ordered.keep_teams(scope))
+        while True:
+            rest: list[Candidate] | None = None
+            for candidate in ordered:
+                admit(candidate)
+                if self.scope is not scope:
+                    scope = self.scope
+                    if scope is SETTLED:
+                        if self.listing:  # (the rest of the queue may not be nominated yet)
+                            self.record_rest(ordered.rest())
+                        return
+                    assert scope is not None
+                    self.record_rest(ordered.keep_teams(scope))
+                if not thinned and self._thinnable():
+                    # The round's last reservation is taken: go on with the jobs that may
+                    # still act, in the same order (a fair queue built anew over them with
+                    # the standing as it is now yields them as the old one would have).
+                    thinned = True
+                    rest = self.thin(ordered.rest())
+                    break
+            if rest is None:
+                return
+            ordered = self.rules.order(self, rest)
+
+    def _thinnable(self) -> bool:
+        """Whether a job of this round that fits nowhere now can change nothing more: with no
+        pending list (nobody reads its wait), in a borrowing round of fair share without
+        preemption by class, once no reservation is left to the round. Such a job cannot fit
+        later in the pass (free slices only get fewer), cannot reclaim (a team that borrows
+        only holds more as the pass goes on), and asks for no reservation."""
+        if self.listing or self.first_round or self.starving:
+            return False
+        rules = self.rules
+        if rules.submit_order or rules.by_priority:
+            return False
+        config = self.config
+        return not config.backfill or self.round_reservations[False] >= config.max_reservations
+
+    def thin(self, jobs: Sequence[Candidate]) -> list[Candidate]:
+        """The jobs that may still act once the round is ``_thinnable``: those that might fit
+        what is free (on one node unless multi-node, each pool's best node counted, plus every
+        slice set aside in their pools by a reservation they may use: an upper bound of what
+        ``_place`` offers) or may reclaim (within their team's guarantee)."""
+        index = self.index
+        reclaim = self.config.reclaim
+        team_held = self.ledger.team
+        now = self.now
+        aside = [r for r in self.reservations if r.set_aside]
+        free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
+        kept: list[Candidate] = []
+        for c in jobs:
+            job = c.job
+            if reclaim and within_guarantee(c, team_held.get(job.team, 0.0)):
+                kept.append(c)
+                continue
+            pools = c.pools
+            multi_node = job.request.multi_node
+            key = (pools, job.team, multi_node)
+            most = free.get(key)
+            if most is None:
+                if multi_node:
+                    most = index.total_free(pools)
+                else:
+                    most = sum(index.largest_free([pool], job.team) for pool in pools)
+                free[key] = most
+            if aside and most < c.minimum:
+                ends = None if job.time_limit_s is None else now + job.time_limit_s
+                most += sum(
+                    len(r.set_aside)
+                    for r in aside
+                    if r.lets(ends) and not r.pools.isdisjoint(pools)
+                )
+            if most >= c.minimum:
+                kept.append(c)
+        return kept
 
     def admit(self, c: Candidate) -> None:
         job = c.job

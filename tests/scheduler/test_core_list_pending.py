@@ -34,3 +34,38 @@ def test_a_fifo_pass_without_a_pending_list_still_fails_a_job_deep_in_the_queue(
     assert [f.job_id for f in lean.fail] == [f.job_id for f in listed.fail] == ["late"]
     assert (lean.assign, lean.preempt) == (listed.assign, listed.preempt)
     assert lean.pending == () and len(listed.pending) == 5
+
+
+def test_a_fair_share_pass_without_a_pending_list_skips_the_jobs_that_can_no_longer_act(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Team "a" has no guarantee, so all its jobs borrow. "big" takes the round's one
+    # reservation and sets aside n0-g1 (free until r ends at 2000); after that, the jobs that
+    # fit nowhere (two GPUs, or one GPU for longer than the reservation leaves) cannot act
+    # any more and are not walked, but "short", queued last, still backfills into the slice
+    # set aside, as in the pass that lists every job.
+    nodes = [whole_node("n0", gpus=2), whole_node("n1", gpus=2)]
+    held = [
+        running(job("r", "b", limit=2000.0), ["n0-g0"]),
+        running(job("r2", "b", limit=3000.0), ["n1-g0", "n1-g1"]),
+    ]
+    queue = [job("big", count=2, at=0.0, limit=5000.0)]
+    queue += [job(f"long{i}", count=2, at=1.0 + i, limit=5000.0) for i in range(5)]
+    queue += [job("wide", at=10.0, limit=5000.0), job("short", at=11.0, limit=100.0)]
+    snap = snapshot(nodes, queue, held)
+    walked: list[str] = []
+    admit = core.Cycle.admit
+
+    def counting(cycle: core.Cycle, c: core.Candidate) -> None:
+        walked.append(c.job.id)
+        admit(cycle, c)
+
+    monkeypatch.setattr(core.Cycle, "admit", counting)
+    config = SchedulerConfig(policy=Policy.FAIRSHARE, explain=False)
+    listed = core.schedule(snap, now=1000.0, config=config)
+    assert len(walked) == 8
+    walked.clear()
+    lean = core.schedule(snap, now=1000.0, config=replace(config, list_pending=False))
+    assert walked == ["big", "short"]
+    assert (lean.assign, lean.preempt) == (listed.assign, listed.preempt)
+    assert [(a.job_id, a.slice_ids) for a in lean.assign] == [("short", ("n0-g1",))]
