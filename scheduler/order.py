@@ -367,8 +367,11 @@ class Ordered:
         return self._fixed()
 
     def _fixed(self) -> Iterator[Candidate]:
+        # By position in ``self._group`` as it is at each step: ``keep_teams`` replaces the
+        # list mid-round (keeping what was yielded), and the jobs it drops must not come.
         record = self._record
-        for c in self._group:
+        while self._yielded < len(self._group):
+            c = self._group[self._yielded]
             self._yielded += 1
             if record is not None:
                 record(c)

@@ -5,10 +5,25 @@ Exact decisions, one rule per test (docs/scheduling.md#starvation).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
+from sched_builders import (
+    codes,
+    decide,
+    job,
+    mps_node,
+    placed,
+    running,
+    snapshot,
+    summary,
+    whole_node,
+)
 
 from scheduler import SchedulerConfig, Team
+from scheduler.model import SliceKind
+
+MPS = SliceKind.MPS
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -164,3 +179,37 @@ def test_reclaim_takes_a_job_that_started_past_the_maximum_wait_last() -> None:
 def test_a_negative_maximum_wait_is_refused_naming_the_field(value: float) -> None:
     with pytest.raises(ValueError, match="SchedulerConfig.max_wait_s: must be None or a number"):
         SchedulerConfig(max_wait_s=value)
+
+
+def test_a_job_dropped_when_the_starving_round_narrows_is_not_admitted_after_all() -> None:
+    # Found by the deep property run: the starving jobs' round is a fixed list, and when the
+    # pass narrowed to the teams under their guarantee mid-round, the list kept being walked
+    # as it was: a job of a team outside the scope was recorded as left (NOT_EXPLAINED) and
+    # then admitted again (RESERVED), so a bare pass listed it twice.
+    nodes = [mps_node("n0", gpus=2, shares=4)]
+    held = [
+        running(job("r0", "b", count=1, kind=MPS, preemptible=False), ["n0-g0-s0"]),
+        running(job("r4", "b", count=1, kind=MPS, preemptible=False), ["n0-g0-s1"]),
+    ]
+    queue = [
+        job("p0", "a", user="u1", kind=MPS),
+        job("p1", "b", user="u1", kind=MPS, count=2),
+        *(job(f"p{i}", "a", user="u1", kind=MPS) for i in range(2, 6)),
+    ]
+    teams = [Team("a", weight=0.5), Team("b", weight=0.5, guaranteed=2.0)]
+    snap = snapshot(nodes, [replace(j, priority="low") for j in queue], held, teams=teams)
+    config = {"backfill": False, "max_reservations": 0, "max_wait_s": 3000.0}
+    explained = decide(snap, now=10000.0, **config)
+    bare = decide(snap, now=10000.0, explain=False, **config)
+    assert (
+        placed(bare)
+        == placed(explained)
+        == {
+            "p1": ("n0-g0-s2", "n0-g0-s3"),
+            "p0": ("n0-g1-s0",),
+            "p2": ("n0-g1-s1",),
+            "p3": ("n0-g1-s2",),
+            "p4": ("n0-g1-s3",),
+        }
+    )
+    assert [p.job_id for p in bare.pending] == [p.job_id for p in explained.pending] == ["p5"]
