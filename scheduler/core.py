@@ -256,33 +256,28 @@ class Cycle:
             return
         jobs = self.narrow(jobs)
         thinned = self._thinnable()
-        if thinned:
-            jobs = self.thin(jobs)
+        self._admit_in_order(self.thin(jobs) if thinned else jobs, thinned)
+
+    def _admit_in_order(self, jobs: Sequence[Candidate], thinned: bool) -> None:
         ordered = self.rules.order(self, jobs)
         admit = self.admit
         scope = self.scope
-        while True:
-            rest: list[Candidate] | None = None
-            for candidate in ordered:
-                admit(candidate)
-                if self.scope is not scope:
-                    scope = self.scope
-                    if scope is SETTLED:
-                        if self.listing:  # (the rest of the queue may not be nominated yet)
-                            self.record_rest(ordered.rest())
-                        return
-                    assert scope is not None
-                    self.record_rest(ordered.keep_teams(scope))
-                if not thinned and self._thinnable():
-                    # The round's last reservation is taken: go on with the jobs that may
-                    # still act, in the same order (a fair queue built anew over them with
-                    # the standing as it is now yields them as the old one would have).
-                    thinned = True
-                    rest = self.thin(ordered.rest())
-                    break
-            if rest is None:
+        for candidate in ordered:
+            admit(candidate)
+            if self.scope is not scope:
+                scope = self.scope
+                if scope is SETTLED:
+                    if self.listing:  # (the rest of the queue may not be nominated yet)
+                        self.record_rest(ordered.rest())
+                    return
+                assert scope is not None
+                self.record_rest(ordered.keep_teams(scope))
+            if not thinned and self._thinnable():
+                # The round's last reservation is taken: go on with the jobs that may still
+                # act, in the same order (a fair queue built anew over them with the
+                # standing as it is now yields them as the old one would have).
+                self._admit_in_order(self.thin(ordered.rest()), True)
                 return
-            ordered = self.rules.order(self, rest)
 
     def _thinnable(self) -> bool:
         """Whether a job of this round that fits nowhere now can change nothing more: with no
@@ -306,8 +301,7 @@ class Cycle:
         index = self.index
         reclaim = self.config.reclaim
         team_held = self.ledger.team
-        now = self.now
-        aside = [r for r in self.reservations if r.set_aside]
+        aside = any(r.set_aside for r in self.reservations)
         free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
         kept: list[Candidate] = []
         for c in jobs:
@@ -326,12 +320,7 @@ class Cycle:
                     most = sum(index.largest_free([pool], job.team) for pool in pools)
                 free[key] = most
             if aside and most < c.minimum:
-                ends = None if job.time_limit_s is None else now + job.time_limit_s
-                most += sum(
-                    len(r.set_aside)
-                    for r in aside
-                    if r.lets(ends) and not r.pools.isdisjoint(pools)
-                )
+                most += sum(len(r.set_aside) for r in self._usable_reservations(c))
             if most >= c.minimum:
                 kept.append(c)
         return kept
@@ -387,16 +376,8 @@ class Cycle:
         that end before it."""
         index = self.index
         job = c.job
-        usable: list[Reservation] = []
-        free = index.total_free(c.pools)
-        if self.reservations:
-            ends = None if job.time_limit_s is None else self.now + job.time_limit_s
-            usable = [
-                r
-                for r in self.reservations
-                if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
-            ]
-            free += sum(len(r.set_aside) for r in usable)
+        usable = self._usable_reservations(c) if self.reservations else []
+        free = index.total_free(c.pools) + sum(len(r.set_aside) for r in usable)
         if free < c.minimum:
             return None  # the common case once the cluster is full: nothing to look at
         back = [give_back(index, r) for r in usable]
@@ -413,6 +394,17 @@ class Cycle:
         for reservation, returned in zip(usable, back, strict=True):
             set_aside_again(index, reservation, returned)
         return placement
+
+    def _usable_reservations(self, c: Candidate) -> list[Reservation]:
+        """The reservations whose set-aside slices ``c`` may use: in its pools, starting
+        after its time limit ends (``Reservation.lets``)."""
+        limit = c.job.time_limit_s
+        ends = None if limit is None else self.now + limit
+        return [
+            r
+            for r in self.reservations
+            if r.set_aside and r.lets(ends) and not r.pools.isdisjoint(c.pools)
+        ]
 
     def _assign(self, c: Candidate, placement: Placement) -> None:
         job = c.job

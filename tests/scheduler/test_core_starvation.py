@@ -5,10 +5,9 @@ Exact decisions, one rule per test (docs/scheduling.md#starvation).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from sched_builders import (
+    MPS,
     codes,
     decide,
     job,
@@ -21,9 +20,6 @@ from sched_builders import (
 )
 
 from scheduler import SchedulerConfig, Team
-from scheduler.model import SliceKind
-
-MPS = SliceKind.MPS
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -192,12 +188,12 @@ def test_a_job_dropped_when_the_starving_round_narrows_is_not_admitted_after_all
         running(job("r4", "b", count=1, kind=MPS, preemptible=False), ["n0-g0-s1"]),
     ]
     queue = [
-        job("p0", "a", user="u1", kind=MPS),
-        job("p1", "b", user="u1", kind=MPS, count=2),
-        *(job(f"p{i}", "a", user="u1", kind=MPS) for i in range(2, 6)),
+        job("p0", "a", kind=MPS, priority="low"),
+        job("p1", "b", kind=MPS, count=2, priority="low"),
+        *(job(f"p{i}", "a", kind=MPS, priority="low") for i in range(2, 6)),
     ]
     teams = [Team("a", weight=0.5), Team("b", weight=0.5, guaranteed=2.0)]
-    snap = snapshot(nodes, [replace(j, priority="low") for j in queue], held, teams=teams)
+    snap = snapshot(nodes, queue, held, teams=teams)
     config = {"backfill": False, "max_reservations": 0, "max_wait_s": 3000.0}
     explained = decide(snap, now=10000.0, **config)
     bare = decide(snap, now=10000.0, explain=False, **config)
