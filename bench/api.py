@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -49,6 +50,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from bench import cpu_by_role
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 
@@ -454,6 +457,7 @@ def _wrk(
     }
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
+    before, children_before = cpu_by_role.reading(), _reaped_children_cpu_s()
     try:
         completed = subprocess.run(
             [
@@ -473,6 +477,11 @@ def _wrk(
         )
     finally:
         os.unlink(handle.name)
+    by_role = cpu_by_role.spent(before, cpu_by_role.reading())
+    # wrk is this process's child: once reaped, its CPU is in this process's reading.
+    wrk_s = _reaped_children_cpu_s() - children_before
+    by_role["bench"] = round(by_role.get("bench", 0.0) - wrk_s, 2)
+    by_role["wrk"] = round(wrk_s, 2)
     match = re.search(r"^BENCH (.*)$", completed.stdout, re.MULTILINE)
     if match is None:
         raise SystemExit(
@@ -488,7 +497,14 @@ def _wrk(
         "p99_ms": round(raw["p99_us"] / 1000, 1),
         "max_ms": round(raw["max_us"] / 1000, 1),
         "errors": raw["status_errors"] + raw["socket_errors"],
+        "cpu_s_by_role": by_role,
+        "cpu_line": cpu_by_role.describe(by_role, requests=raw["requests"], seconds=seconds),
     }
+
+
+def _reaped_children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _lua_string(text: str) -> str:
@@ -507,6 +523,7 @@ def _print_http(
         f"{figures['rps']:.0f} req/s, p50 {figures['p50_ms']:.1f} ms, p99 {figures['p99_ms']:.1f} ms, "
         f"{figures['requests']} requests, {figures['errors']} errors ({target}: {_verdict(ok)})"
     )
+    print(figures["cpu_line"])
 
 
 # --- results -----------------------------------------------------------------------------------

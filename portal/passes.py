@@ -14,6 +14,7 @@ CPU, and a task for the control worker to receive and find covered).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -45,8 +46,15 @@ def request_schedule_pass() -> None:
 
 class Coalescer:
     """Calls ``send`` for each ``ask``, but at most once per ``window()`` seconds: an ask
-    within the window after a send is sent once, at the window's end, by a timer thread,
-    for all the asks of that window. A window of 0 sends every ask at once."""
+    within the window after a send is sent once, at the window's end, for all the asks of
+    that window. A window of 0 sends every ask at once.
+
+    The late sends come from one thread per process that lives as long as the process (one
+    is started in a process forked from one that had it). Not a timer thread per window:
+    Celery keeps its result backend per thread, so each new thread that sent built it
+    again, scanning the installed packages' entry points (at 400 submits a second, a seventh
+    of the web processes' time, holding the GIL).
+    """
 
     def __init__(
         self,
@@ -58,29 +66,45 @@ class Coalescer:
         self._send = send
         self._window = window
         self._clock = clock
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
         self._last_sent = float("-inf")
-        self._timer: threading.Timer | None = None
+        self._due_in: float | None = None  # seconds to wait before the late send, when due
+        self._sender_pid: int | None = None
 
     def ask(self) -> None:
-        with self._lock:
-            if self._timer is not None:
+        with self._changed:
+            if self._due_in is not None:
                 return  # a send is due at the end of this window: it covers this ask
             now = self._clock()
             wait = self._last_sent + self._window() - now
             if wait > 0:
-                self._timer = threading.Timer(wait, self._send_late)
-                self._timer.daemon = True
-                self._timer.start()
+                self._due_in = wait
+                self._start_sender()
+                self._changed.notify()
                 return
             self._last_sent = now
         self._send()
 
+    def _start_sender(self) -> None:
+        if self._sender_pid == os.getpid():
+            return
+        self._sender_pid = os.getpid()
+        threading.Thread(target=self._send_late, name="schedule-requests", daemon=True).start()
+
     def _send_late(self) -> None:
-        with self._lock:
-            self._timer = None
-            self._last_sent = self._clock()
-        self._send()
+        while True:
+            with self._changed:
+                while self._due_in is None:
+                    self._changed.wait()
+                wait = self._due_in
+            time.sleep(wait)
+            with self._changed:
+                self._due_in = None
+                self._last_sent = self._clock()
+            try:
+                self._send()
+            except Exception:  # noqa: BLE001 - the thread must outlive one failed send
+                log.exception("could not send a coalesced scheduling request")
 
 
 # `request_schedule_pass` looked up at each send, so a test may patch it.

@@ -356,9 +356,6 @@ try:
     # about only after PORTAL_LAUNCH_TIMEOUT_S: its launch may still be on its way.)
     RECONCILE_GRACE_S = env_float("PORTAL_RECONCILE_GRACE_S", 10.0, minimum=0.0)
     QUERY_RESEND_S = env_float("PORTAL_QUERY_RESEND_S", 10.0, minimum=0.5)
-    # A pass asked for by a trigger is skipped when another pass took its snapshot after
-    # the request; one that finds the lock held retries after this long.
-    SCHEDULE_RETRY_S = env_float("PORTAL_SCHEDULE_RETRY_S", 0.25, minimum=0.01)
     # A process asks for at most one pass per this many seconds (the asks in between are
     # sent as one at its end: portal/passes.py); 0 sends every ask at once.
     SCHEDULE_REQUEST_COALESCE_S = env_float("PORTAL_SCHEDULE_REQUEST_COALESCE_S", 0.05, minimum=0.0)

@@ -25,6 +25,21 @@ class SchedulerState(models.Model):
         return f"scheduler state after {self.passes} passes"
 
 
+class PassRequests(models.Model):
+    """How many requests for a pass found another pass running (always row id 1).
+
+    Such a request counts itself here and leaves: the task of the pass it found running
+    compares the count after its pass with the count before, and runs again when it grew
+    (``portal.scheduling.tasks``). One follow-up pass for all of them, where each used to
+    retry on its own until a pass started after it. A count, not a time: no clock compared.
+    """
+
+    count = models.PositiveBigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.count} requests for a pass found one running"
+
+
 # Pass timings kept for /metrics: enough recent passes for a useful histogram (about 17
 # minutes at the default 2 s beat), few enough that a scrape reads them in one cheap query.
 PASS_TIMINGS_KEPT = 500

@@ -19,13 +19,14 @@ from datetime import datetime
 from typing import Literal
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from portal import agent_messages
 from portal.policy import scheduler_config
 from portal.scheduling.apply import Applied, apply_decisions
 from portal.scheduling.lock import scheduler_file_lock, try_advisory_lock
-from portal.scheduling.models import PASS_TIMINGS_KEPT, PassTiming, SchedulerState
+from portal.scheduling.models import PASS_TIMINGS_KEPT, PassRequests, PassTiming, SchedulerState
 from portal.scheduling.snapshot import load_snapshot
 from scheduler import schedule
 
@@ -146,3 +147,17 @@ def _record_pass(
 def last_snapshot_at() -> datetime | None:
     """When the latest committed pass took its snapshot (for coalescing triggers)."""
     return SchedulerState.objects.filter(pk=1).values_list("snapshot_at", flat=True).first()
+
+
+def count_pass_request() -> None:
+    """Count a request for a pass (``PassRequests``), in its own statement, outside any
+    pass's transaction."""
+    if not PassRequests.objects.filter(pk=1).update(count=F("count") + 1):
+        # No row yet (a database emptied by hand): created; two at once may count once,
+        # which still changes the count that a running pass compares.
+        PassRequests.objects.bulk_create([PassRequests(pk=1, count=1)], ignore_conflicts=True)
+
+
+def pass_requests() -> int:
+    """How many requests for a pass have been counted so far."""
+    return PassRequests.objects.filter(pk=1).values_list("count", flat=True).first() or 0

@@ -3,9 +3,12 @@ every slice kind, one pass, then the rows it wrote and the launch messages it se
 
 from __future__ import annotations
 
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+from django.db import connections, transaction
 from django.utils import timezone
 
 from portal.agents.testing import capture_sent_messages, register_node
@@ -13,7 +16,7 @@ from portal.cluster.models import Slice
 from portal.jobs.attempts import attempt_release_and_charge
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import make_job, make_team, make_user
-from portal.scheduling import lock, service
+from portal.scheduling import lock, service, tasks
 from portal.scheduling.models import SchedulerState
 from portal.scheduling.service import run_schedule_pass
 from portal.scheduling.tasks import schedule_pass
@@ -274,33 +277,93 @@ def test_a_pass_records_itself_for_coalescing_and_operators(
     assert (state.snapshot_at, state.passes, state.assigned) == (now, 1, 1)
 
 
-def test_a_pass_is_skipped_while_another_holds_the_lock(settings, vision):
+@contextmanager
+def _lock_held_elsewhere(settings):
+    """The scheduler lock held by someone else for the block, as a running pass holds it."""
     if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         with lock.scheduler_file_lock() as got:
             assert got
-            assert run_schedule_pass().status == "skipped"
-    else:
-        import threading
+            yield
+        return
+    holding, release = threading.Event(), threading.Event()
 
-        from django.db import connections, transaction
+    def hold() -> None:
+        with transaction.atomic():
+            assert lock.try_advisory_lock()
+            holding.set()
+            release.wait(10)
+        connections.close_all()
 
-        holding, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        yield
+    finally:
+        release.set()
+        thread.join()
 
-        def hold() -> None:
-            with transaction.atomic():
-                assert lock.try_advisory_lock()
-                holding.set()
-                release.wait(10)
-            connections.close_all()
 
-        thread = threading.Thread(target=hold)
-        thread.start()
-        try:
-            assert holding.wait(10)
-            assert run_schedule_pass().status == "skipped"
-        finally:
-            release.set()
-            thread.join()
+def test_a_pass_is_skipped_while_another_holds_the_lock(settings, vision):
+    with _lock_held_elsewhere(settings):
+        assert run_schedule_pass().status == "skipped"
+
+
+def test_a_request_that_finds_a_pass_running_counts_itself_and_leaves_it_to_that_pass(
+    settings, vision
+):
+    before = service.pass_requests()
+    with _lock_held_elsewhere(settings), capture_sent_messages() as sent:
+        requested_at = timezone.now().timestamp()
+        assert schedule_pass.apply(kwargs={"requested_at": requested_at}).get() == "deferred"
+
+    assert service.pass_requests() == before + 1
+    assert not SchedulerState.objects.filter(pk=1, passes__gt=0).exists()  # no pass ran
+    assert sent.sent == []  # no retry of its own
+
+
+def test_a_pass_runs_once_more_for_the_requests_counted_while_it_ran(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    team, alice = vision
+    register_node(NODE)
+    # A request counts itself while the beat's pass holds the lock (after its snapshot):
+    # a job submitted then is not in that pass.
+    job: list[Job] = []
+    real_load = service.load_snapshot
+
+    def load_then_a_request_comes(**kwargs):
+        loaded = real_load(**kwargs)
+        if not job:
+            job.append(make_job(team=team, user=alice))
+            service.count_pass_request()
+        return loaded
+
+    monkeypatch.setattr(service, "load_snapshot", load_then_a_request_comes)
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        assert schedule_pass.apply().get() == "ran"
+
+    assert SchedulerState.objects.get(pk=1).passes == 2  # the follow-up, and no third
+    job[0].refresh_from_db()
+    assert job[0].state == JobState.ASSIGNED
+    assert [message["job_id"] for message, _ in sent.launches()] == [job[0].pk]
+
+
+def test_a_task_hands_on_after_five_follow_ups(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    real_load = service.load_snapshot
+
+    def load_then_a_request_comes(**kwargs):
+        service.count_pass_request()  # every pass finds a new request when it ends
+        return real_load(**kwargs)
+
+    monkeypatch.setattr(service, "load_snapshot", load_then_a_request_comes)
+    with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
+        assert schedule_pass.apply().get() == "ran"
+
+    assert SchedulerState.objects.get(pk=1).passes == 1 + tasks.FOLLOW_UPS_PER_TASK
+    assert [name for name, _, _ in sent.sent] == ["portal.schedule_pass"]
 
 
 def test_the_task_skips_a_request_that_a_later_pass_already_covered(

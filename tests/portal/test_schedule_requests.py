@@ -13,9 +13,11 @@ class Sends:
     def __init__(self) -> None:
         self.count = 0
         self.sent = threading.Event()
+        self.threads: list[threading.Thread] = []  # kept: an ended thread's ident is reused
 
     def __call__(self) -> None:
         self.count += 1
+        self.threads.append(threading.current_thread())
         self.sent.set()
 
 
@@ -57,3 +59,18 @@ def test_a_window_of_0_sends_every_request_at_once():
     for _ in range(5):
         coalescer.ask()
     assert sends.count == 5
+
+
+def test_the_late_sends_of_every_window_come_from_one_thread():
+    # A thread per window rebuilt Celery's per-thread result backend at each send.
+    sends = Sends()
+    coalescer = Coalescer(sends, window=lambda: 0.05)
+    for _ in range(3):
+        coalescer.ask()  # at once, or late when a window is still open
+        coalescer.ask()  # late: at the window's end
+        assert sends.sent.wait(timeout=10)
+        sends.sent.clear()
+        time.sleep(0.12)  # the late send is made and its window has closed
+    late = [thread for thread in sends.threads if thread is not threading.current_thread()]
+    assert len(late) >= 3
+    assert len({id(thread) for thread in late}) == 1
