@@ -218,6 +218,7 @@ def run(
                     connections,
                     threads,
                 )
+            began = time.time()
             results["submit"] = _wrk(
                 stack.url,
                 "POST",
@@ -228,11 +229,13 @@ def run(
                 connections,
                 threads,
             )
+            results["submit"]["passes"] = _passes_between(began, time.time())
             _print_http(
                 results["submit"],
                 target_rps=TARGETS["submit_rps"],
                 target_p99_ms=TARGETS["submit_p99_ms"],
             )
+            _print_passes(results["submit"]["passes"])
     results["targets"] = _verdicts(results)
     return results
 
@@ -399,6 +402,41 @@ def _admissions(world: dict[str, Any], agents: Any) -> dict[str, Any]:
         ],
         "launches_received": agents.launches,
     }
+
+
+def _passes_between(began: float, ended: float) -> dict[str, Any]:
+    """The scheduling passes that ended within a wrk run: how many, and their phases' time."""
+    from datetime import UTC, datetime
+
+    from django.db.models import Count, Sum
+
+    from portal.jobs.models import Job, JobState
+    from portal.scheduling.models import PassTiming
+
+    window = (datetime.fromtimestamp(began, tz=UTC), datetime.fromtimestamp(ended, tz=UTC))
+    totals = PassTiming.objects.filter(finished_at__range=window).aggregate(
+        count=Count("id"),
+        snapshot=Sum("snapshot_ms"),
+        decide=Sum("decide_ms"),
+        apply=Sum("apply_ms"),
+    )
+    return {
+        "count": totals["count"],
+        **{
+            f"{phase}_ms": round(totals[phase] or 0.0, 1)
+            for phase in ("snapshot", "decide", "apply")
+        },
+        "pending_after": Job.objects.filter(state=JobState.PENDING).count(),
+    }
+
+
+def _print_passes(passes: dict[str, Any]) -> None:
+    count = max(passes["count"], 1)
+    print(
+        f"passes meanwhile: {passes['count']}, each snapshot {passes['snapshot_ms'] / count:.0f} ms, "
+        f"decide {passes['decide_ms'] / count:.0f} ms, apply {passes['apply_ms'] / count:.0f} ms; "
+        f"{passes['pending_after']:,} jobs pending after"
+    )
 
 
 def _print_admissions(figures: dict[str, Any]) -> None:

@@ -4,11 +4,14 @@ It lives outside the apps because apps below ``portal.scheduling`` ask for passe
 a finished attempt, a quota change, an undrained node): it sends a Celery message by task
 name and imports no app.
 
-A process sends at most one request per ``PORTAL_SCHEDULE_REQUEST_COALESCE_S`` (50 ms): the
+A process sends at most one request per ``PORTAL_SCHEDULE_REQUEST_COALESCE_S`` (250 ms): the
 first at once, and the ones asked for within that time after it as one message at its end.
 One pass covers every job committed before its snapshot, so a burst of 400 submits a second
-costs 20 messages a second per process, not 400 (each half a millisecond of the web process's
-CPU, and a task for the control worker to receive and find covered).
+costs 4 messages a second per process, not 400: each is a task for the control worker (a
+few statements: covered? counted, paced?). At 50 ms, the five web processes of a 2-core
+machine taking 400 submits a second cost the control worker 0.14 of a core in these tasks
+alone (`make bench-api`, its CPU by role); a pass under such a stream is paced at about
+one per pass duration anyway (``portal.scheduling.tasks``).
 """
 
 from __future__ import annotations

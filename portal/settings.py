@@ -358,7 +358,11 @@ try:
     QUERY_RESEND_S = env_float("PORTAL_QUERY_RESEND_S", 10.0, minimum=0.5)
     # A process asks for at most one pass per this many seconds (the asks in between are
     # sent as one at its end: portal/passes.py); 0 sends every ask at once.
-    SCHEDULE_REQUEST_COALESCE_S = env_float("PORTAL_SCHEDULE_REQUEST_COALESCE_S", 0.05, minimum=0.0)
+    SCHEDULE_REQUEST_COALESCE_S = env_float("PORTAL_SCHEDULE_REQUEST_COALESCE_S", 0.25, minimum=0.0)
+    # A pass asked for while another ran waits this many times that pass's duration after
+    # it (portal/scheduling/tasks.py): back-to-back passes take at most 1 / (1 + this) of a
+    # core. 0: no wait.
+    SCHEDULE_FOLLOW_UP_GAP = env_float("PORTAL_SCHEDULE_FOLLOW_UP_GAP", 1.0, minimum=0.0)
 except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None

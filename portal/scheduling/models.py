@@ -26,18 +26,24 @@ class SchedulerState(models.Model):
 
 
 class PassRequests(models.Model):
-    """How many requests for a pass found another pass running (always row id 1).
+    """The requests for a pass that were left to a running pass's task (always row id 1).
 
-    Such a request counts itself here and leaves: the task of the pass it found running
-    compares the count after its pass with the count before, and runs again when it grew
-    (``portal.scheduling.tasks``). One follow-up pass for all of them, where each used to
-    retry on its own until a pass started after it. A count, not a time: no clock compared.
+    A request that finds another pass running, or the passes paced, counts itself here and
+    leaves: the task that ran the last pass compares the count after it with the count
+    before, and runs again when it grew (``portal.scheduling.tasks``). One follow-up pass for
+    all of them, where each used to retry on its own until a pass started after it. A count,
+    not a time: no clock compared.
+
+    ``paced_until``: set while a task waits before its follow-up (the passes paced); the
+    requests counted meanwhile are left to it. A time only so that a task that died waiting
+    is not waited for long (``tasks.PACING_SLACK``).
     """
 
     count = models.PositiveBigIntegerField(default=0)
+    paced_until = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
-        return f"{self.count} requests for a pass found one running"
+        return f"{self.count} requests for a pass left to a running one"
 
 
 # Pass timings kept for /metrics: enough recent passes for a useful histogram (about 17

@@ -149,15 +149,27 @@ def last_snapshot_at() -> datetime | None:
     return SchedulerState.objects.filter(pk=1).values_list("snapshot_at", flat=True).first()
 
 
-def count_pass_request() -> None:
-    """Count a request for a pass (``PassRequests``), in its own statement, outside any
-    pass's transaction."""
+def count_pass_request() -> tuple[int, datetime | None]:
+    """Count a request for a pass (``PassRequests``), in its own statement outside any
+    pass's transaction; then read the count and until when the passes are paced (None: not
+    paced). In that order: a task clears the pacing before it reads the count, so a request
+    that sees the passes paced has been counted before that task looks."""
     if not PassRequests.objects.filter(pk=1).update(count=F("count") + 1):
         # No row yet (a database emptied by hand): created; two at once may count once,
         # which still changes the count that a running pass compares.
         PassRequests.objects.bulk_create([PassRequests(pk=1, count=1)], ignore_conflicts=True)
+    return PassRequests.objects.filter(pk=1).values_list("count", "paced_until").get()
 
 
 def pass_requests() -> int:
     """How many requests for a pass have been counted so far."""
     return PassRequests.objects.filter(pk=1).values_list("count", flat=True).first() or 0
+
+
+def pace_passes(until: datetime | None) -> None:
+    """Say that the passes are paced until ``until`` (a task waits before its follow-up
+    pass, and the requests counted meanwhile are left to it), or no longer (None)."""
+    if not PassRequests.objects.filter(pk=1).update(paced_until=until):
+        PassRequests.objects.bulk_create(
+            [PassRequests(pk=1, paced_until=until)], ignore_conflicts=True
+        )

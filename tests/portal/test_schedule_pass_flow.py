@@ -17,7 +17,7 @@ from portal.jobs.attempts import attempt_release_and_charge
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import make_job, make_team, make_user
 from portal.scheduling import lock, service, tasks
-from portal.scheduling.models import SchedulerState
+from portal.scheduling.models import PassRequests, SchedulerState
 from portal.scheduling.service import run_schedule_pass
 from portal.scheduling.tasks import schedule_pass
 from workers.inventory import stable_uuid
@@ -349,6 +349,68 @@ def test_a_pass_runs_once_more_for_the_requests_counted_while_it_ran(
     assert [message["job_id"] for message, _ in sent.launches()] == [job[0].pk]
 
 
+def test_a_follow_up_pass_waits_the_last_pass_s_duration_times_the_gap_with_passes_paced(
+    vision, settings, django_capture_on_commit_callbacks, monkeypatch
+):
+    settings.SCHEDULE_FOLLOW_UP_GAP = 0.5
+    real_run, durations, waits = service.run_schedule_pass, [], []
+
+    def timed_run(**kwargs):
+        result = real_run(**kwargs)
+        durations.append(result.total_ms)
+        return result
+
+    def wait(seconds):
+        # Meanwhile the passes are paced: a request is counted and left to this task.
+        waits.append(seconds)
+        if len(waits) == 1:
+            requested_at = timezone.now().timestamp()
+            assert schedule_pass.apply(kwargs={"requested_at": requested_at}).get() == "deferred"
+
+    monkeypatch.setattr(tasks, "run_schedule_pass", timed_run)
+    monkeypatch.setattr(tasks, "sleep", wait)
+    with capture_sent_messages(), django_capture_on_commit_callbacks(execute=True):
+        assert schedule_pass.apply().get() == "ran"
+
+    assert len(durations) == 2  # the pass, and one follow-up for the request
+    assert waits == [
+        pytest.approx(0.5 * durations[0] / 1000),
+        pytest.approx(0.5 * durations[1] / 1000),
+    ]
+    assert PassRequests.objects.get(pk=1).paced_until is None  # no longer paced
+
+
+def test_a_request_runs_its_pass_when_a_pacing_is_long_past_its_end(
+    vision, django_capture_on_commit_callbacks
+):
+    # The task that paced the passes died waiting: its requests are not left to it forever.
+    service.pace_passes(timezone.now() - tasks.PACING_SLACK - timedelta(seconds=1))
+    with capture_sent_messages(), django_capture_on_commit_callbacks(execute=True):
+        requested_at = timezone.now().timestamp()
+        assert schedule_pass.apply(kwargs={"requested_at": requested_at}).get() == "ran"
+
+
+def test_with_no_gap_a_follow_up_starts_at_once(
+    vision, settings, django_capture_on_commit_callbacks, monkeypatch
+):
+    settings.SCHEDULE_FOLLOW_UP_GAP = 0.0
+    real_load, waits = service.load_snapshot, []
+    requests = iter([True])
+
+    def load_then_a_request_comes(**kwargs):
+        if next(requests, False):
+            service.count_pass_request()
+        return real_load(**kwargs)
+
+    monkeypatch.setattr(service, "load_snapshot", load_then_a_request_comes)
+    monkeypatch.setattr(tasks, "sleep", waits.append)
+    with capture_sent_messages(), django_capture_on_commit_callbacks(execute=True):
+        assert schedule_pass.apply().get() == "ran"
+
+    assert SchedulerState.objects.get(pk=1).passes == 2
+    assert waits == []
+
+
 def test_a_task_hands_on_after_five_follow_ups(
     vision, django_capture_on_commit_callbacks, monkeypatch
 ):
@@ -359,6 +421,7 @@ def test_a_task_hands_on_after_five_follow_ups(
         return real_load(**kwargs)
 
     monkeypatch.setattr(service, "load_snapshot", load_then_a_request_comes)
+    monkeypatch.setattr(tasks, "sleep", lambda seconds: None)
     with capture_sent_messages() as sent, django_capture_on_commit_callbacks(execute=True):
         assert schedule_pass.apply().get() == "ran"
 

@@ -23,6 +23,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("count", models.PositiveBigIntegerField(default=0)),
+                ("paced_until", models.DateTimeField(blank=True, null=True)),
             ],
         ),
         migrations.RunPython(create_the_row, migrations.RunPython.noop),
