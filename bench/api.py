@@ -497,7 +497,7 @@ def _wrk(
         handle.write(script)
     before, children_before = cpu_by_role.reading(), _reaped_children_cpu_s()
     try:
-        completed = subprocess.run(
+        with subprocess.Popen(
             [
                 "wrk",
                 f"-t{threads}",
@@ -509,10 +509,15 @@ def _wrk(
                 handle.name,
                 url.rstrip("/"),
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            check=True,
-        )
+        ) as wrk:
+            time.sleep(min(1.0, duration_s / 2))
+            spread = _connections_by_process(url)
+            stdout, stderr = wrk.communicate()
+        if wrk.returncode:
+            raise SystemExit(f"bench.api: wrk failed ({wrk.returncode}):\n{stdout}{stderr}")
     finally:
         os.unlink(handle.name)
     by_role = cpu_by_role.spent(before, cpu_by_role.reading())
@@ -520,11 +525,9 @@ def _wrk(
     wrk_s = _reaped_children_cpu_s() - children_before
     by_role["bench"] = round(by_role.get("bench", 0.0) - wrk_s, 2)
     by_role["wrk"] = round(wrk_s, 2)
-    match = re.search(r"^BENCH (.*)$", completed.stdout, re.MULTILINE)
+    match = re.search(r"^BENCH (.*)$", stdout, re.MULTILINE)
     if match is None:
-        raise SystemExit(
-            f"bench.api: wrk printed no figures:\n{completed.stdout}{completed.stderr}"
-        )
+        raise SystemExit(f"bench.api: wrk printed no figures:\n{stdout}{stderr}")
     raw = {key: int(value) for key, value in (part.split("=") for part in match.group(1).split())}
     seconds = raw["duration_us"] / 1e6
     return {
@@ -536,8 +539,30 @@ def _wrk(
         "max_ms": round(raw["max_us"] / 1000, 1),
         "errors": raw["status_errors"] + raw["socket_errors"],
         "cpu_s_by_role": by_role,
+        # wrk's connections held by each web process, a second into the run (most first).
+        "connections_by_web_process": spread,
         "cpu_line": cpu_by_role.describe(by_role, requests=raw["requests"], seconds=seconds),
     }
+
+
+def _connections_by_process(url: str) -> list[int]:
+    """How many established connections to ``url``'s port each process holds (``ss``), most
+    first: gunicorn's workers keep the connections they accepted, and a worker holding more
+    than its share is a bottleneck of one core."""
+    port = url.rstrip("/").rsplit(":", 1)[1]
+    try:
+        listing = subprocess.run(
+            ["ss", "-Htnp", "state", "established", f"( sport = :{port} )"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []  # no ss here: the figure is left out
+    counts: dict[str, int] = {}
+    for pid in re.findall(r"pid=(\d+)", listing):
+        counts[pid] = counts.get(pid, 0) + 1
+    return sorted(counts.values(), reverse=True)
 
 
 def _reaped_children_cpu_s() -> float:
@@ -562,6 +587,9 @@ def _print_http(
         f"{figures['requests']} requests, {figures['errors']} errors ({target}: {_verdict(ok)})"
     )
     print(figures["cpu_line"])
+    spread = figures["connections_by_web_process"]
+    if spread:
+        print(f"wrk's connections by web process: {' / '.join(map(str, spread))}")
 
 
 # --- results -----------------------------------------------------------------------------------

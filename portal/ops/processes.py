@@ -111,6 +111,13 @@ def web_spec(
         "gthread",
         "--threads",
         str(threads),
+        # A worker takes at most as many connections as it has threads, plus two kept alive
+        # (gthread closes a connection after its response rather than keep a third idle):
+        # otherwise the worker that wakes first accepts most of a burst of new connections
+        # and keeps them, a bottleneck of one core while the other workers idle (wrk's 16
+        # connections: 16 / 0 / 0 / 0 / 0, or 9 / 6 / 1, under `make bench-api`).
+        "--worker-connections",
+        str(threads + 2),
         "--graceful-timeout",
         "5",
         "--access-logfile",
