@@ -275,9 +275,20 @@ def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
     rows = [
         (int(d.job_id), *explanation_of(d)) for d in decisions if int(d.job_id) in loaded.pending
     ]
-    # Only rows whose explanation changed are written (the database compares).
+    # Only rows whose explanation changed are sent: most of a queue is explained as it was
+    # by the pass before. Sending them all for the database to compare cost a pass at 4,400
+    # pending jobs about 100 ms (encoding them, then the server joining and comparing); the
+    # stored explanations read back cost about a fifth of that. The UPDATE still compares,
+    # for a row that changed between that read and this write.
+    stored = dict(
+        (pk, tuple(explanation))
+        for pk, *explanation in Job.objects.filter(state=JobState.PENDING).values_list(
+            "pk", *_EXPLANATION_COLUMNS
+        )
+    )
+    changed = [row for row in rows if stored.get(row[0]) != row[1:]]
     return update_rows(
-        Job, _EXPLANATION_COLUMNS, rows, where_state=JobState.PENDING, only_changed=True
+        Job, _EXPLANATION_COLUMNS, changed, where_state=JobState.PENDING, only_changed=True
     )
 
 

@@ -16,7 +16,7 @@ from portal.cluster.models import Slice
 from portal.jobs.attempts import attempt_release_and_charge
 from portal.jobs.models import Allocation, Job, JobEvent, JobState
 from portal.jobs.testing import make_job, make_team, make_user
-from portal.scheduling import lock, service, tasks
+from portal.scheduling import apply, lock, service, tasks
 from portal.scheduling.models import PassRequests, SchedulerState
 from portal.scheduling.service import run_schedule_pass
 from portal.scheduling.tasks import schedule_pass
@@ -245,6 +245,36 @@ def test_finished_jobs_of_the_same_shape_shorten_the_estimated_start(
     latest = waiting.estimated_start_latest_at - timezone.now()
     assert timedelta(minutes=9) <= likely <= timedelta(minutes=10, seconds=5)
     assert timedelta(minutes=59) <= latest <= timedelta(hours=1, seconds=5)
+
+
+def test_a_second_pass_sends_no_explanation_that_did_not_change(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    # Compared with the stored ones in the pass, not sent for the database to compare.
+    team, alice = vision
+    register_node(NODE)
+    kept = make_job(name="mig", team=team, user=alice, gpu_kind="mig", gpu_profile="7g.80gb")
+    cleared = make_job(name="mig-2", team=team, user=alice, gpu_kind="mig", gpu_profile="7g.80gb")
+    now = timezone.now()
+    _run_pass(django_capture_on_commit_callbacks, now=now)
+    # Something cleared one explanation since (as a hold and release does).
+    Job.objects.filter(pk=cleared.pk).update(pending_code="", queue_position=None)
+    sent_rows = []
+    real_update_rows = apply.update_rows
+
+    def recording(model, columns, rows, **kwargs):
+        if model is Job and "pending_code" in columns:
+            sent_rows.extend(row[0] for row in rows)
+        return real_update_rows(model, columns, rows, **kwargs)
+
+    monkeypatch.setattr(apply, "update_rows", recording)
+    second, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+
+    assert sent_rows == [cleared.pk]
+    assert second.explanations_written == 1
+    kept.refresh_from_db()
+    cleared.refresh_from_db()
+    assert cleared.pending_code == kept.pending_code != ""
 
 
 def test_a_second_pass_writes_no_explanation_that_did_not_change(
