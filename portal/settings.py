@@ -363,6 +363,9 @@ try:
     # it (portal/scheduling/tasks.py): back-to-back passes take at most 1 / (1 + this) of a
     # core. 0: no wait.
     SCHEDULE_FOLLOW_UP_GAP = env_float("PORTAL_SCHEDULE_FOLLOW_UP_GAP", 1.0, minimum=0.0)
+    # The fair-share numbers the pages show are stored by a pass at most this often (the
+    # passes in between leave them; portal/scheduling/fairshare.py). 0: by every pass.
+    FAIRSHARE_STORE_S = env_float("PORTAL_FAIRSHARE_STORE_S", 2.0, minimum=0.0)
 except ConfigError as error:
     sys.stderr.write(f"portal: configuration error: {error}\n")
     raise SystemExit(2) from None

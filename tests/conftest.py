@@ -31,6 +31,9 @@ def _schedule_requests_sent_at_once(settings) -> None:  # noqa: ANN001 - pytest-
     # A submit reads the inventory version every time: a test that adds GPUs and submits at
     # once must not see the version an earlier test left (portal/cluster/services.py).
     settings.INVENTORY_RECHECK_S = 0.0
+    # Each pass stores its fair-share numbers, for the tests that read them after it
+    # (tests/portal/test_fairshare.py tests the window itself).
+    settings.FAIRSHARE_STORE_S = 0.0
 
 
 @pytest.fixture

@@ -258,6 +258,28 @@ def test_each_pass_replaces_the_numbers(standing, settings):
     assert not FairShareTeam.objects.exists() and not JobPriority.objects.exists()
 
 
+def test_a_pass_within_the_store_window_leaves_the_stored_numbers(standing, settings):
+    settings.FAIRSHARE_STORE_S = 2.0
+    world, now = standing["world"], standing["now"]
+    _pass(standing)
+    stored = set(JobPriority.objects.values_list("job_id", flat=True))
+    newer = make_job(team=world.vision, user=world.alice, name="newer")
+
+    # 1.5 s later: the numbers of the pass before stay, the new job has none yet.
+    assert run_schedule_pass(now=now + timedelta(seconds=1.5)).status == "ran"
+    assert FairSharePass.objects.get().as_of == now
+    assert set(JobPriority.objects.values_list("job_id", flat=True)) == stored
+
+    # 2 s after the stored ones: replaced, the new job's included.
+    assert run_schedule_pass(now=now + timedelta(seconds=2)).status == "ran"
+    assert FairSharePass.objects.get().as_of == now + timedelta(seconds=2)
+    assert newer.pk in set(JobPriority.objects.values_list("job_id", flat=True))
+
+    # Numbers dated after the pass (a clock that went back) are replaced too.
+    assert run_schedule_pass(now=now + timedelta(seconds=1)).status == "ran"
+    assert FairSharePass.objects.get().as_of == now + timedelta(seconds=1)
+
+
 def test_storing_a_pass_costs_the_same_statements_however_long_the_queue(
     standing, django_assert_num_queries
 ):
