@@ -52,8 +52,10 @@ class Coalescer:
     within the window after a send is sent once, at the window's end, for all the asks of
     that window. A window of 0 sends every ask at once.
 
-    The late sends come from one thread per process that lives as long as the process (one
-    is started in a process forked from one that had it). Not a timer thread per window:
+    The late sends come from one thread per process that lives as long as the process (a
+    process forked from one starts afresh: no send due, its own thread when it needs one;
+    a send due in the parent at the fork was dropped in the child before, and with it every
+    later request of the child). Not a timer thread per window:
     Celery keeps its result backend per thread, so each new thread that sent built it
     again, scanning the installed packages' entry points (at 400 submits a second, a seventh
     of the web processes' time, holding the GIL).
@@ -73,6 +75,15 @@ class Coalescer:
         self._last_sent = float("-inf")
         self._due_in: float | None = None  # seconds to wait before the late send, when due
         self._sender_pid: int | None = None
+        # A process forked from this one has neither its sender thread nor, maybe, a usable
+        # lock (held by a thread that is not in the child): it starts afresh.
+        os.register_at_fork(after_in_child=self._start_afresh)
+
+    def _start_afresh(self) -> None:
+        self._changed = threading.Condition()
+        self._last_sent = float("-inf")
+        self._due_in = None
+        self._sender_pid = None
 
     def ask(self) -> None:
         with self._changed:

@@ -3,6 +3,7 @@ as one send at its end (portal/passes.py)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -74,3 +75,24 @@ def test_the_late_sends_of_every_window_come_from_one_thread():
     late = [thread for thread in sends.threads if thread is not threading.current_thread()]
     assert len(late) >= 3
     assert len({id(thread) for thread in late}) == 1
+
+
+def test_a_process_forked_with_a_send_due_sends_its_own_requests():
+    # The parent's late send is due (its sender thread waits); the child has no such thread.
+    parent_sends = Sends()
+    coalescer = Coalescer(parent_sends, window=lambda: 5.0)
+    coalescer.ask()  # sent at once
+    coalescer.ask()  # due at the window's end, on the parent's sender thread
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its first request goes at once
+        try:
+            coalescer._send = lambda: os.write(write_end, b"sent")
+            coalescer.ask()
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read_end, "rb") as pipe:
+        assert pipe.read() == b"sent"
+    assert os.WEXITSTATUS(status) == 0
