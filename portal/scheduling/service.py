@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from django.db import transaction
 from django.db.models import F
@@ -154,10 +154,7 @@ def count_pass_request() -> tuple[int, datetime | None]:
     pass's transaction; then read the count and until when the passes are paced (None: not
     paced). In that order: a task clears the pacing before it reads the count, so a request
     that sees the passes paced has been counted before that task looks."""
-    if not PassRequests.objects.filter(pk=1).update(count=F("count") + 1):
-        # No row yet (a database emptied by hand): created; two at once may count once,
-        # which still changes the count that a running pass compares.
-        PassRequests.objects.bulk_create([PassRequests(pk=1, count=1)], ignore_conflicts=True)
+    _change_pass_requests(count=F("count") + 1)
     return PassRequests.objects.filter(pk=1).values_list("count", "paced_until").get()
 
 
@@ -169,7 +166,16 @@ def pass_requests() -> int:
 def pace_passes(until: datetime | None) -> None:
     """Say that the passes are paced until ``until`` (a task waits before its follow-up
     pass, and the requests counted meanwhile are left to it), or no longer (None)."""
-    if not PassRequests.objects.filter(pk=1).update(paced_until=until):
+    _change_pass_requests(paced_until=until)
+
+
+def _change_pass_requests(**changes: Any) -> None:
+    """UPDATE the one ``PassRequests`` row (its migration makes it). A database emptied by
+    hand gets it back, counted once: two requests at once may count once, which still
+    changes the count a running pass compares."""
+    if not PassRequests.objects.filter(pk=1).update(**changes):
+        count = 1 if "count" in changes else 0
+        paced_until = changes.get("paced_until")
         PassRequests.objects.bulk_create(
-            [PassRequests(pk=1, paced_until=until)], ignore_conflicts=True
+            [PassRequests(pk=1, count=count, paced_until=paced_until)], ignore_conflicts=True
         )
