@@ -17,7 +17,8 @@ The pass reads like Kueue's scheduling cycle, in numbered steps:
 
 This module holds the cycle. A policy's ``Rules`` give it the order of the queue and what a
 job that fits nowhere may do: the portal's fair share (``scheduler.order.FairShareRules``) or
-the FIFO baselines (``scheduler.baselines``). The pass's caches live in ``scheduler.memo``.
+the FIFO baselines (``scheduler.baselines``). The pass's caches live in ``scheduler.memo``;
+which jobs may still change a decision, once nobody reads the rest, in ``scheduler.settle``.
 Pure and deterministic: no clock but ``now``, no randomness, every tie broken by a stable
 key (age, then job id; node name; slice id).
 """
@@ -26,14 +27,13 @@ from __future__ import annotations
 
 import gc
 import math
-from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Reservation, Timeline, give_back, reserve, set_aside_again
 from scheduler.baselines import Fifo
-from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
+from scheduler.cluster import FreeIndex, Placement, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
 from scheduler.explain import Explainer, Left, Placed, capacity_reason, no_fit_numbers
 from scheduler.memo import Carry, PassMemo
@@ -59,9 +59,8 @@ from scheduler.quota import (
     under_guarantee,
     within_guarantee,
 )
+from scheduler.settle import SETTLED, check_settled, narrow, thin, thinnable
 from scheduler.standing import standing_of
-
-SETTLED: frozenset[str] = frozenset()  # the scope once no job can change a decision any more
 
 
 def schedule(
@@ -97,7 +96,7 @@ def _schedule(
     candidates = cycle.nominate()
     # 3 + 4. Order and admit, round by round: the order is dynamic (a placed job lowers its
     # team's standing at once), so ordering and admission run together.
-    cycle.check_settled()
+    check_settled(cycle)
     for jobs in cycle.rules.rounds(cycle, candidates):
         cycle.admit_round(jobs)
     # 5. Explain: reasons, positions and estimates for everything left pending.
@@ -179,8 +178,8 @@ class Cycle:
         # the rest of the queue is only recorded, waiting with ``behind``.
         self.scope: frozenset[str] | None = None
         self.behind: Blocked = (PendingCode.NOT_EXPLAINED, {})
-        # The shortest time limit among the pending jobs, once asked (``_set_aside_usable``).
-        self._shortest_limit: float | None = None
+        # The shortest time limit among the pending jobs, once asked (``settle.set_aside_usable``).
+        self.shortest_limit: float | None = None
 
     def team(self, name: str) -> Team:
         team = self.teams.get(name)
@@ -255,9 +254,9 @@ class Cycle:
         if self.scope is SETTLED:
             self.record_rest(jobs)
             return
-        jobs = self.narrow(jobs)
-        thinned = self._thinnable()
-        self._admit_in_order(self.thin(jobs) if thinned else jobs, thinned)
+        jobs = narrow(self, jobs)
+        thinned = thinnable(self)
+        self._admit_in_order(thin(self, jobs) if thinned else jobs, thinned)
 
     def _admit_in_order(self, jobs: Sequence[Candidate], thinned: bool) -> None:
         ordered = self.rules.order(self, jobs)
@@ -273,86 +272,12 @@ class Cycle:
                     return
                 assert scope is not None
                 self.record_rest(ordered.keep_teams(scope))
-            if not thinned and self._thinnable():
+            if not thinned and thinnable(self):
                 # The round's last reservation is taken: go on with the jobs that may still
                 # act, in the same order (a fair queue built anew over them with the
                 # standing as it is now yields them as the old one would have).
-                self._admit_in_order(self.thin(ordered.rest()), True)
+                self._admit_in_order(thin(self, ordered.rest()), True)
                 return
-
-    def _thinnable(self) -> bool:
-        """Whether a job of this round that fits nowhere now can change nothing more: with no
-        pending list (nobody reads its wait), in a borrowing round of fair share without
-        preemption by class, once no reservation is left to the round. Such a job cannot fit
-        later in the pass (free slices only get fewer), cannot reclaim (a team that borrows
-        only holds more as the pass goes on), and asks for no reservation."""
-        if self.listing or self.first_round or self.starving:
-            return False
-        rules = self.rules
-        if rules.submit_order or rules.by_priority:
-            return False
-        config = self.config
-        return not config.backfill or self.round_reservations[False] >= config.max_reservations
-
-    def thin(self, jobs: Sequence[Candidate]) -> list[Candidate]:
-        """The jobs that may still act once the round is ``_thinnable``: those that might fit
-        what is free (on one node unless multi-node, each pool's best node counted, plus every
-        slice set aside in their pools by a reservation they may use: an upper bound of what
-        ``_place`` offers) or may reclaim (within their team's guarantee)."""
-        index = self.index
-        reclaim = self.config.reclaim
-        team_held = self.ledger.team
-        aside = self._aside_by_end() if any(r.set_aside for r in self.reservations) else None
-        free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
-        kept: list[Candidate] = []
-        for c in jobs:
-            job = c.job
-            if reclaim and within_guarantee(c, team_held.get(job.team, 0.0)):
-                kept.append(c)
-                continue
-            pools = c.pools
-            multi_node = job.request.multi_node
-            key = (pools, job.team, multi_node)
-            most = free.get(key)
-            if most is None:
-                if multi_node:
-                    most = index.total_free(pools)
-                else:
-                    most = sum(index.largest_free([pool], job.team) for pool in pools)
-                free[key] = most
-            if aside is not None and most < c.minimum:
-                most += aside(c)
-            if most >= c.minimum:
-                kept.append(c)
-        return kept
-
-    def _aside_by_end(self) -> Callable[[Candidate], int]:
-        """``c`` -> how many set-aside slices ``c`` may use, as
-        ``sum(len(r.set_aside) for r in self._usable_reservations(c))`` but in O(log n) per
-        job: per set of pools, the reservations sorted by start with suffix sums (a queue of
-        starving jobs holds one reservation each, so the plain sum was jobs x reservations)."""
-        by_pools: dict[tuple[Pool, ...], tuple[list[float], list[int]]] = {}
-
-        def usable(c: Candidate) -> int:
-            limit = c.job.time_limit_s
-            if limit is None:
-                return 0  # ``Reservation.lets``: no end, no set-aside slices
-            found = by_pools.get(c.pools)
-            if found is None:
-                pools = frozenset(c.pools)
-                starts = sorted(
-                    (r.at, len(r.set_aside))
-                    for r in self.reservations
-                    if r.set_aside and r.at is not None and not r.pools.isdisjoint(pools)
-                )
-                suffix = [0] * (len(starts) + 1)
-                for i in range(len(starts) - 1, -1, -1):
-                    suffix[i] = suffix[i + 1] + starts[i][1]
-                found = by_pools[c.pools] = ([at for at, _ in starts], suffix)
-            ats, suffix = found
-            return suffix[bisect_left(ats, self.now + limit)]
-
-        return usable
 
     def admit(self, c: Candidate) -> None:
         job = c.job
@@ -450,7 +375,7 @@ class Cycle:
         held = self.ledger.team.get(job.team, 0.0)
         self.placed_teams.add(job.team)
         self.memo.took(job.team, placement, self.shape)
-        self.check_settled()
+        check_settled(self)
         names = self.shape.names
         nodes = tuple(names[node] for node, _ in placement)
         self.assign.append(
@@ -479,7 +404,7 @@ class Cycle:
         numbers: Numbers = {"victims": len(victims), "grace_period_s": grace}
         entry = self.wait(c, PendingCode.WAITING_FOR_PREEMPTION, numbers)
         entry.eta, entry.eta_known = self.now + grace, True
-        self.check_settled()
+        check_settled(self)
         return True
 
     def reserve(self, c: Candidate, *, starving: bool = False) -> bool:
@@ -497,7 +422,7 @@ class Cycle:
             # running jobs' ends is the cost of a pass full of starving jobs. (Free slices
             # never come back within a pass, so none of its kind could set any aside later.)
             self.wait(c, PendingCode.RESERVED, {"at": "unknown"})
-            self.check_settled()
+            check_settled(self)
             return True
         reservation = reserve(
             self.index,
@@ -516,7 +441,7 @@ class Cycle:
         entry = self.wait(c, PendingCode.RESERVED, numbers)
         entry.eta, entry.eta_known = reservation.at, True
         self.memo.changed_all()
-        self.check_settled()
+        check_settled(self)
         return True
 
     def block_queue(self, c: Candidate) -> bool:
@@ -542,54 +467,6 @@ class Cycle:
         entry = Left(c.job, code, numbers, c)  # numbers may be shared: copy before changing
         self.left.append(entry)
         return entry
-
-    def check_settled(self) -> None:
-        """With explanations off, stop considering jobs that can no longer change anything.
-
-        Once no slice is free, only a job that may preempt can still lead to a decision. If
-        nothing may preempt, the pass is settled; if only reclaim may, only the teams under
-        their guarantee still matter, and the queue is narrowed to them (a team's jobs keep
-        their relative order whichever other teams are in the queue).
-        """
-        if self.config.explain or any(self.index.pool_free_total.values()):
-            return
-        if self._set_aside_usable():
-            return  # a short job may still use what a reservation set aside
-        rules = self.rules
-        if not (rules.reclaim or rules.by_priority):
-            self.scope = SETTLED
-            return
-        if rules.by_priority:
-            return
-        self.under_guarantee = under_guarantee(self.under_guarantee, self.ledger.team, self.teams)
-        if not self.under_guarantee:
-            self.scope = SETTLED
-        elif self.scope is None or self.under_guarantee != self.scope:
-            self.scope = frozenset(self.under_guarantee)
-
-    def _set_aside_usable(self) -> bool:
-        """Whether some pending job may still take slices a reservation set aside: one whose
-        time limit ends by the reservation's start (``Reservation.lets``). None may when even
-        the shortest time limit of the pass's pending jobs ends after the latest such start,
-        and then the slices set aside are as good as held."""
-        latest = max(
-            (r.at for r in self.reservations if r.set_aside and r.at is not None), default=None
-        )
-        if latest is None:
-            return False
-        shortest = self._shortest_limit
-        if shortest is None:
-            limits = [j.time_limit_s for j in self.snapshot.pending if j.time_limit_s is not None]
-            shortest = self._shortest_limit = min(limits) if limits else math.inf
-        return self.now + shortest <= latest
-
-    def narrow(self, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
-        """The jobs of a round that may still matter (all, unless narrowed)."""
-        scope = self.scope
-        if scope is None:
-            return jobs
-        self.record_rest([c for c in jobs if c.job.team not in scope])
-        return [c for c in jobs if c.job.team in scope]
 
     def record_rest(self, rest: Sequence[Candidate]) -> None:
         """Jobs left after the pass settled: pending in submit order, with ``behind``."""
