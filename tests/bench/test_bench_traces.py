@@ -154,3 +154,20 @@ def test_each_durations_mode_gets_its_own_targets_and_column() -> None:
     assert "t @ 64 GPUs: jain_waiting >= 0.95" in names
     assert "t @ 64 GPUs, durations hidden: jain_waiting >= 0.95" in names
     assert philly.column(hidden) == "fairshare@64/hidden"
+
+
+def test_each_whole_philly_replay_is_held_to_six_minutes_of_cpu_and_a_slice_is_not() -> None:
+    def philly_report(policy: str, cpu_s: float, limit_jobs: int | None) -> dict:
+        report = {**_report(policy, 100.0, 0.96, 0.79, True), "trace_label": "philly"}
+        return {**report, "durations": "shown", "cpu_s": cpu_s, "limit_jobs": limit_jobs}
+
+    whole = philly.check_targets(
+        [philly_report("fairshare", 1100.0, None), philly_report("fifo_backfill", 300.0, None)]
+    )
+    timed = {c["target"]: (c["met"], c["detail"]) for c in whole if "whole replay" in c["target"]}
+    assert timed == {
+        "fairshare @ 64 GPUs, durations shown: whole replay <= 6 min of CPU": (False, "1100 s"),
+        "fifo_backfill @ 64 GPUs, durations shown: whole replay <= 6 min of CPU": (True, "300 s"),
+    }
+    sliced = philly.check_targets([philly_report("fairshare", 1100.0, 8000)])
+    assert not [c for c in sliced if "whole replay" in c["target"]]
