@@ -26,6 +26,9 @@ from scheduler.quota import Held
 # (end time, node number, sequence number, slices of one pool that come free then); the
 # sequence number keeps tuples comparable without ever comparing slices.
 Release = tuple[float, int, int, tuple[Slice, ...]]
+# Where a one-node sweep for a need stopped: the event's position, each node's count up to
+# it, and the free slices each count began with (``_earliest``).
+Sweep = tuple[int, dict[int, int], dict[int, int]]
 _ID = attrgetter("id")
 
 
@@ -33,7 +36,11 @@ class Timeline:
     """When held slices come free, per pool. Built lazily: many passes never ask."""
 
     def __init__(
-        self, index: FreeIndex, held: Sequence[tuple[float | None, Sequence[Slice]]] = ()
+        self,
+        index: FreeIndex,
+        held: Sequence[tuple[float | None, Sequence[Slice]]] = (),
+        *,
+        sweeps: bool = True,
     ) -> None:
         """``held``: (end or None, slices) of the running jobs."""
         self._index = index
@@ -42,12 +49,17 @@ class Timeline:
         ]
         self._events: dict[Pool, list[Release]] | None = None
         self._seq = itertools.count()
+        # Per pool and need, where the last one-node sweep of ``_earliest`` stopped: the
+        # position it found, each node's count up to it and the free slices that count
+        # began with. Kept while the pool's events stay as they are (``add`` drops them).
+        # (None: ``Cache.SWEEPS`` off.)
+        self._sweeps: dict[Pool, dict[int, Sweep]] | None = {} if sweeps else None
 
     @classmethod
-    def of_held(cls, index: FreeIndex, held: Sequence[Held]) -> Timeline:
+    def of_held(cls, index: FreeIndex, held: Sequence[Held], *, sweeps: bool = True) -> Timeline:
         """The time line of the running jobs as ``quota.hold`` lists them (their latest
         ends), without an intermediate list: a pass meets every running job."""
-        timeline = cls(index)
+        timeline = cls(index, sweeps=sweeps)
         timeline._pending = [
             (end, slices) for _, slices, _, end in held if end is not None and slices
         ]
@@ -62,6 +74,8 @@ class Timeline:
             return
         for pool, release in self._releases(end, slices, next(self._seq)):
             bisect.insort(self._events.setdefault(pool, []), release)
+            if self._sweeps is not None:
+                self._sweeps.pop(pool, None)
 
     def _releases(
         self, end: float, slices: Sequence[Slice], seq: int
@@ -208,16 +222,45 @@ def _earliest(
             if had >= need:
                 return (end, node, _released_on(events, at, node, need))
         return None
+    # Within a pass no node gains free slices and no node's count at an event grows (a
+    # placed job's release comes with the slices it took; ``Timeline.add`` drops the sweeps
+    # of a pool whose events change, as a job on set-aside slices would break this), so the
+    # next sweep for the same need can only stop at or after where the last one did: it
+    # goes on from there, each node's count corrected by what it has free now, and checks
+    # that event's node again.
+    if not events:
+        return None
     buckets = index.buckets.get(pool)
     free_on = {} if buckets is None else buckets.count
-    for at, (end, node, _, items) in enumerate(events):
+    sweeps = None if timeline._sweeps is None else timeline._sweeps.setdefault(pool, {})
+    kept = None if sweeps is None else sweeps.get(need)
+    frees: dict[int, int] = {}  # each node's free slices as its count took them
+    start = 0
+    if kept is not None:
+        start, counts, frees = kept
+        get = counts.get
+        for node, had_free in frees.items():
+            now_free = free_on.get(node, 0)
+            if now_free != had_free:
+                counts[node] += now_free - had_free
+                frees[node] = now_free
+        end, node, _, _ = events[start]
+        if counts[node] >= need:
+            return (end, node, _released_on(events, start, node, need))
+        start += 1
+    for at in range(start, len(events)):
+        end, node, _, items = events[at]
         had = get(node)
         if had is None:
-            had = free_on.get(node, 0)
+            had = frees[node] = free_on.get(node, 0)
         had += len(items)
         counts[node] = had
         if had >= need:
+            if sweeps is not None:
+                sweeps[need] = (at, counts, frees)
             return (end, node, _released_on(events, at, node, need))
+    if sweeps is not None:
+        sweeps[need] = (len(events) - 1, counts, frees)
     return None
 
 

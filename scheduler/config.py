@@ -31,6 +31,7 @@ class Cache(enum.StrEnum):
     FACTORS = "factors"  # fair-share factors between charges
     NODE_LIST = "node_list"  # the node list's static index, while the node list is the same
     REQUESTS = "requests"  # what the cluster offers each distinct request
+    SWEEPS = "sweeps"  # where the last sweep of a pool's ends for a need stopped
     # across passes, in a ``scheduler.memo.Carry`` the caller keeps:
     CARRIED_CANDIDATES = "carried_candidates"  # each pending job as a candidate
 

@@ -33,7 +33,7 @@ from typing import Protocol
 from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import Reservation, Timeline, give_back, reserve, set_aside_again
 from scheduler.baselines import Fifo
-from scheduler.cluster import FreeIndex, Placement, shape_of
+from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
 from scheduler.explain import Explainer, Left, Placed, capacity_reason, no_fit_numbers
 from scheduler.memo import Carry, PassMemo
@@ -166,6 +166,11 @@ class Cycle:
         self.placed: list[Placed] = []
         self.placed_teams: set[str] = set()
         self.reservations: list[Reservation] = []
+        # Of their set-aside slices with a known start (the only ones a job may use): the
+        # latest start, and how many per pool (an upper bound when a reservation spans
+        # pools). ``_add_aside`` and ``_count_aside`` keep them.
+        self.aside_latest: float | None = None
+        self.aside_by_pool: dict[Pool, int] = {}
         # Reservations made in the second and first rounds (of all classes): each round kind
         # reserves for its own first blocked job, so work within guarantees cannot take the
         # reservation from a long-waiting job that borrows.
@@ -200,7 +205,9 @@ class Cycle:
         self.held = held_list
         self.memo = PassMemo(self.config.caches, self.now, self.reservations, self.ledger)
         self.index = FreeIndex(self.shape, holders)
-        self.timeline = Timeline.of_held(self.index, held_list)
+        self.timeline = Timeline.of_held(
+            self.index, held_list, sweeps=Cache.SWEEPS in self.config.caches
+        )
         self.start_largest = {
             pool: buckets.largest() for pool, buckets in self.index.buckets.items()
         }
@@ -330,10 +337,20 @@ class Cycle:
         that end before it."""
         index = self.index
         job = c.job
-        usable = self._usable_reservations(c) if self.reservations else []
-        free = index.total_free(c.pools) + sum(len(r.set_aside) for r in usable)
+        free = index.total_free(c.pools)
+        usable: list[Reservation] = []
+        latest, limit = self.aside_latest, job.time_limit_s
+        # Set-aside slices only for a job that ends by the latest start among them, and only
+        # when those of its pools could make it fit (each a count kept as they change: a
+        # queue of starving jobs holds one reservation each, so a scan was jobs x them).
+        if latest is not None and limit is not None and self.now + limit <= latest:
+            aside = self.aside_by_pool
+            if free + sum(aside.get(pool, 0) for pool in c.pools) >= c.minimum:
+                usable = self._usable_reservations(c)
+                free += sum(len(r.set_aside) for r in usable)
         if free < c.minimum:
             return None  # the common case once the cluster is full: nothing to look at
+        before = [len(r.set_aside) for r in usable] if usable else None
         back = [give_back(index, r) for r in usable]
         placement = index.find(
             c.pools, job.team, c.minimum, c.count, job.request.multi_node, cap=cap
@@ -345,9 +362,29 @@ class Cycle:
             else:
                 self.wait(c, *over)
                 placement = []
-        for reservation, returned in zip(usable, back, strict=True):
-            set_aside_again(index, reservation, returned)
+        if before is not None:
+            for reservation, returned in zip(usable, back, strict=True):
+                set_aside_again(index, reservation, returned)
+            if any(len(r.set_aside) != n for r, n in zip(usable, before, strict=True)):
+                self._count_aside()  # the job took some of them
         return placement
+
+    def _count_aside(self) -> None:
+        """``aside_latest`` and ``aside_by_pool`` from the reservations as they are now."""
+        self.aside_latest, self.aside_by_pool = None, {}
+        for reservation in self.reservations:
+            self._add_aside(reservation)
+
+    def _add_aside(self, r: Reservation) -> None:
+        """Count ``r``'s set-aside slices: only those with a known start are ever usable
+        (``Reservation.lets``)."""
+        if not r.set_aside or r.at is None:
+            return
+        if self.aside_latest is None or r.at > self.aside_latest:
+            self.aside_latest = r.at
+        aside = self.aside_by_pool
+        for pool in r.pools:
+            aside[pool] = aside.get(pool, 0) + len(r.set_aside)
 
     def _usable_reservations(self, c: Candidate) -> list[Reservation]:
         """The reservations whose set-aside slices ``c`` may use: in its pools, starting
@@ -434,6 +471,7 @@ class Cycle:
             multi_node=job.request.multi_node,
         )
         self.reservations.append(reservation)
+        self._add_aside(reservation)
         numbers: Numbers = {"at": "unknown"}
         if reservation.at is not None:
             # "at" on the caller's clock; "in_s" so a person reads "in about 20 min".

@@ -43,7 +43,7 @@ stamp.
 
 The other caches live next to what they remember, each switchable the same way
 (``SchedulerConfig.caches``): ``NODE_LIST`` and ``REQUESTS`` (``scheduler.cluster``, across
-passes), ``FACTORS`` (``scheduler.order``), ``ESTIMATES`` (``scheduler.backfill``),
+passes), ``FACTORS`` (``scheduler.order``), ``ESTIMATES`` and ``SWEEPS`` (``scheduler.backfill``),
 ``SHARED_REASONS`` and ``SHARED_VERDICTS`` (``scheduler.explain``). None of them changes a
 decision; ``tests/scheduler`` checks that with every cache switched off, and
 docs/scheduling.md#speed has what each one gains (caches that gained nothing measurable were
@@ -53,7 +53,7 @@ removed: the largest free count per request at the end of the pass, failed victi
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,6 +120,7 @@ class PassMemo:
         # The distinct start times of the reservations, sorted, and how many reservations
         # there were then (``verdict``).
         self._starts: list[float] = []
+        self._start_set: set[float] = set()
         self._starts_of = 0
 
     # -- step 4: answers under a stamp ---------------------------------------------------------
@@ -158,7 +159,13 @@ class PassMemo:
             # many distinct start times come before its end (one bisection, not one call
             # per reservation).
             if self._starts_of != len(reservations):
-                self._starts = sorted({r.at for r in reservations if r.at is not None})
+                # (only the reservations made since: the starving jobs' round makes one
+                # per job, and sorting them all again each time was quadratic)
+                starts, seen = self._starts, self._start_set
+                for r in reservations[self._starts_of :]:
+                    if r.at is not None and r.at not in seen:
+                        seen.add(r.at)
+                        insort(starts, r.at)
                 self._starts_of = len(reservations)
             key = (*key, bisect_left(self._starts, self._now + limit))
         pools = c.pools

@@ -55,7 +55,8 @@ def thin(cycle: Cycle, jobs: Sequence[Candidate]) -> list[Candidate]:
     index = cycle.index
     reclaim = cycle.config.reclaim
     team_held = cycle.ledger.team
-    aside = _aside_by_end(cycle) if any(r.set_aside for r in cycle.reservations) else None
+    # (only set-aside slices with a known start are ever usable: none, nothing to count)
+    aside = None if cycle.aside_latest is None else _aside_by_end(cycle)
     free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
     kept: list[Candidate] = []
     for c in jobs:
@@ -139,9 +140,7 @@ def set_aside_usable(cycle: Cycle) -> bool:
     time limit ends by the reservation's start (``Reservation.lets``). None may when even
     the shortest time limit of the pass's pending jobs ends after the latest such start,
     and then the slices set aside are as good as held."""
-    latest = max(
-        (r.at for r in cycle.reservations if r.set_aside and r.at is not None), default=None
-    )
+    latest = cycle.aside_latest
     if latest is None:
         return False
     shortest = cycle.shortest_limit
