@@ -184,4 +184,10 @@ class InSubmitOrder(Sequence[Candidate]):
     def __getitem__(self, index: slice) -> Sequence[Candidate]: ...
 
     def __getitem__(self, index: int | slice) -> Candidate | Sequence[Candidate]:
+        if isinstance(index, int) and index >= 0:
+            # Only as far as the index: a round walks its queue by position
+            # (``order.Ordered``), and the jobs past where it stops need no candidate.
+            while index >= len(self._made) and self._more():
+                pass
+            return self._made[index]  # (IndexError past the last candidate)
         return self._all()[index]

@@ -369,9 +369,14 @@ class Ordered:
     def _fixed(self) -> Iterator[Candidate]:
         # By position in ``self._group`` as it is at each step: ``keep_teams`` replaces the
         # list mid-round (keeping what was yielded), and the jobs it drops must not come.
+        # (Not by its length: a queue in submit order nominates its jobs only as far as it is
+        # read, ``nominate.InSubmitOrder``, and its length would nominate them all.)
         record = self._record
-        while self._yielded < len(self._group):
-            c = self._group[self._yielded]
+        while True:
+            try:
+                c = self._group[self._yielded]
+            except IndexError:
+                return
             self._yielded += 1
             if record is not None:
                 record(c)
