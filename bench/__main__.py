@@ -46,6 +46,7 @@ OWN_KEYS = (
     "traces",
     "trace_targets",
     "eta",
+    "sources",  # where figures assembled from separate runs came from (a whole run has none)
 )
 
 
