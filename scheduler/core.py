@@ -168,7 +168,9 @@ class Cycle:
         self.reservations: list[Reservation] = []
         # Of their set-aside slices with a known start (the only ones a job may use): the
         # latest start, and how many per pool (an upper bound when a reservation spans
-        # pools). ``_add_aside`` and ``_count_aside`` keep them.
+        # pools). ``_add_aside`` and ``_count_aside`` keep them, recounting when a job takes
+        # set-aside slices: a stale latest start keeps a FIFO + backfill pass from settling
+        # (tried as a bare upper bound: 8,000 Philly jobs at 200 GPUs, 8.5 -> 29.0 s).
         self.aside_latest: float | None = None
         self.aside_by_pool: dict[Pool, int] = {}
         # Reservations made in the second and first rounds (of all classes): each round kind

@@ -53,7 +53,7 @@ removed: the largest free count per request at the end of the pass, failed victi
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -120,7 +120,6 @@ class PassMemo:
         # The distinct start times of the reservations, sorted, and how many reservations
         # there were then (``verdict``).
         self._starts: list[float] = []
-        self._start_set: set[float] = set()
         self._starts_of = 0
 
     # -- step 4: answers under a stamp ---------------------------------------------------------
@@ -161,11 +160,12 @@ class PassMemo:
             if self._starts_of != len(reservations):
                 # (only the reservations made since: the starving jobs' round makes one
                 # per job, and sorting them all again each time was quadratic)
-                starts, seen = self._starts, self._start_set
+                starts = self._starts
                 for r in reservations[self._starts_of :]:
-                    if r.at is not None and r.at not in seen:
-                        seen.add(r.at)
-                        insort(starts, r.at)
+                    if r.at is not None:
+                        at = bisect_left(starts, r.at)
+                        if at == len(starts) or starts[at] != r.at:
+                            starts.insert(at, r.at)
                 self._starts_of = len(reservations)
             key = (*key, bisect_left(self._starts, self._now + limit))
         pools = c.pools
