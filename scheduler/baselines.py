@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.nominate import InSubmitOrder
-from scheduler.order import Candidate, Ordered, age_key
+from scheduler.order import Candidate, Ordered, by_age
 
 if TYPE_CHECKING:
     from scheduler.core import Cycle
@@ -43,7 +43,7 @@ class Fifo:
     def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered:
         if isinstance(jobs, InSubmitOrder):
             return Ordered(jobs, None)  # in submit order already, nominated as it goes
-        return Ordered(sorted(jobs, key=lambda c: age_key(c.job)), None)
+        return Ordered(sorted(jobs, key=by_age), None)
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
         """A job that fits nowhere: reserve for it, or (plain FIFO) stop the queue behind it."""

@@ -47,7 +47,7 @@ from scheduler.model import (
     Team,
 )
 from scheduler.nominate import InSubmitOrder, Nominator
-from scheduler.order import Candidate, FairShare, FairShareRules, Ordered, age_key
+from scheduler.order import Candidate, FairShare, FairShareRules, Ordered, age_key, by_age
 from scheduler.preempt import Preemption
 from scheduler.quota import (
     EPS,
@@ -153,7 +153,7 @@ class Cycle:
         self.shape = shape_of(snapshot.nodes, remember=Cache.NODE_LIST in caches)
         self.carry = carry
         if carry is not None:
-            carry.begin(self.shape, config)
+            carry.begin(self.shape, config, snapshot.teams)
         self.teams: dict[str, Team] = dict(snapshot.teams)  # plus unknown ones, by default
         self.fair = FairShare({}, {}, {}, {})  # the fair-share standing (FairShareRules)
         self.assign: list[Assign] = []
@@ -249,7 +249,7 @@ class Cycle:
         if not self.listing and self.rules.submit_order:
             # No pending list: candidates are made as the queue reaches them.
             return InSubmitOrder(nominate, self.snapshot.pending)
-        candidates = [c for c in map(nominate.candidate, self.snapshot.pending) if c is not None]
+        candidates = nominate.every(self.snapshot.pending)
         self.under_guarantee = under_guarantee(
             {c.job.team for c in candidates}, self.ledger.team, self.teams
         )
@@ -513,7 +513,7 @@ class Cycle:
         if not self.listing:
             return
         code, numbers = self.behind
-        for c in sorted(rest, key=lambda c: age_key(c.job)):
+        for c in sorted(rest, key=by_age):
             self.wait(c, code, numbers)
 
     # -- 5. explain ----------------------------------------------------------------------------

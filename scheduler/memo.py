@@ -54,14 +54,14 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache, SchedulerConfig
-from scheduler.model import PendingCode, Reason
-from scheduler.order import Candidate, Carried, queued_at
+from scheduler.model import PendingCode, Reason, Team
+from scheduler.order import Candidate, Carried
 from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
 Key = tuple[object, ...]
@@ -182,7 +182,7 @@ class PassMemo:
             found = verdicts.get(key)
             if found is not None and found[0] == stamp:
                 kept = found[1]
-                taken = kept.queued_after == -math.inf or queued_at(c.job) > kept.queued_after
+                taken = kept.queued_after == -math.inf or c.age[0] > kept.queued_after
                 if taken and kept.member_checked:
                     taken = not isinstance(member_room(c, self._ledger), tuple)
                 if taken:
@@ -260,7 +260,7 @@ class Carry:
 
     - ``Cache.CARRIED_CANDIDATES``: each pending job as the last pass made it a candidate
       (``scheduler.nominate``: its class, matching pools, minimum, unit and verdict shape),
-      by the job's identity, while its team's highest class is the same; the pass puts its
+      by the job's identity, while the teams' highest classes are the same; the pass puts its
       own team record in (usage and limits change between passes).
 
     Invalidation contract. A candidate is kept under the ``id`` of its job object next to the
@@ -269,12 +269,13 @@ class Carry:
     alive means its ``id`` is not reused while the entry exists. A job whose row changed is a
     new object (a requeued or changed job; a shell that builds new objects each pass gains
     nothing) and is nominated afresh. What a candidate
-    depends on besides its job is checked: its team's ``max_priority`` per job; per pass the
-    cluster's shape (a new ``ClusterShape`` when the node list changes), the classes,
-    ``clamp_priority``, ``preempt_by_priority`` and the policy (whether classes gate the
-    queue), and a pass that meets any of these changed drops every candidate. A job's
-    dependencies are checked every pass before its candidate is taken, and jobs that fail
-    or are parked are not kept. Each pass keeps the candidates it met and no others, so jobs
+    depends on besides its job is checked per pass: the cluster's shape (a new
+    ``ClusterShape`` when the node list changes), the classes, ``clamp_priority``,
+    ``preempt_by_priority``, the policy (whether classes gate the queue) and every team's
+    ``max_priority``, and a pass that meets any of these changed drops every candidate (so
+    a pass takes carried candidates without a check per job: ``Nominator.every``). Jobs
+    with dependencies (whose states change), jobs that fail and jobs that are parked are
+    not kept. Each pass keeps the candidates it met and no others, so jobs
     that left the queue are forgotten at the next pass.
     """
 
@@ -285,13 +286,17 @@ class Carry:
         self._config: tuple[object, ...] = ()
         self._candidates: dict[int, Carried] = {}
 
-    def begin(self, shape: ClusterShape, config: SchedulerConfig) -> None:
-        """A pass over ``shape`` with ``config`` begins: what was kept for others is void."""
+    def begin(
+        self, shape: ClusterShape, config: SchedulerConfig, teams: Mapping[str, Team]
+    ) -> None:
+        """A pass over ``shape`` with ``config`` and ``teams`` begins: what was kept for
+        others is void."""
         depends = (
             config.priority_classes,
             config.clamp_priority,
             config.preempt_by_priority,
             config.policy,
+            {name: team.max_priority for name, team in teams.items()},
         )
         if shape is not self._shape or depends != self._config:
             self._shape, self._config = shape, depends

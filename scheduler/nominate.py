@@ -80,10 +80,11 @@ class Nominator:
         carried = self._carried
         if carried is not None:
             found = carried(id(job))
-            # The same job, and its team allows the same classes: the same candidate, but for
-            # the team's record (its usage and limits are the pass's).
-            if found is not None and found[0] is job and found[1] == team.max_priority:
-                c = found[2]
+            # The same job object (then the same values), over the same cluster, with the
+            # same class rules (``scheduler.memo.Carry``): the same candidate, but for the
+            # team's record (its usage and limits are the pass's).
+            if found is not None and found[0] is job:
+                c = found[1]
                 c.team = team
                 if self._keep is not None:
                     self._keep[id(job)] = found
@@ -108,10 +109,41 @@ class Nominator:
         by_class = rank if self._by_class else 0
         # (no member: a verdict records which members it holds for, ``scheduler.memo``)
         shape = (job.team, info.pools, info.minimum, by_class, request.multi_node)
-        c = Candidate(job, team, rank, info.pools, info.unit, info.minimum, request.count, shape)
-        if self._keep is not None:
-            self._keep[id(job)] = (job, team.max_priority, c)
+        age = age_key(job)
+        c = Candidate(
+            job, team, rank, info.pools, info.unit, info.minimum, request.count, shape, age
+        )
+        if self._keep is not None and not job.depends_on:
+            # (a job with dependencies is nominated afresh each pass: their states change)
+            self._keep[id(job)] = (job, c)
         return c
+
+    def every(self, jobs: Sequence[Job]) -> list[Candidate]:
+        """The candidates of ``jobs``, in their order (``candidate`` for each).
+
+        The jobs the last pass kept are taken without a call per job: in a long queue nearly
+        every job is one (only the arrivals since the last pass are not), and their
+        candidates need only this pass's team records (the checks ``candidate`` makes first
+        hold for them: jobs with dependencies are never kept)."""
+        carried, keep = self._carried, self._keep
+        candidate = self.candidate
+        if carried is None or keep is None:
+            return [c for c in map(candidate, jobs) if c is not None]
+        teams, team_of = self._teams, self._team_of
+        made: list[Candidate] = []
+        for job in jobs:
+            found = carried(id(job))
+            if found is not None and found[0] is job:
+                c = found[1]
+                name = job.team
+                c.team = teams[name] if name in teams else team_of(name)
+                keep[id(job)] = found
+                made.append(c)
+            else:
+                fresh = candidate(job)  # (kept for the next pass if it may be)
+                if fresh is not None:
+                    made.append(fresh)
+        return made
 
     def _dependency(self, job: Job) -> str | None | bool:
         """None: free to go; a job id: still waiting for it; False: failed for good."""

@@ -37,8 +37,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from operator import itemgetter
-from typing import TYPE_CHECKING, Generic, TypeVar
+from operator import attrgetter
+from typing import TYPE_CHECKING, TypeVar
 
 from scheduler.cluster import Pool
 from scheduler.config import Cache, SchedulerConfig
@@ -65,12 +65,16 @@ class Candidate:
     count: int
     # What decides whether it finds room, besides the state of the pass (the verdict key,
     # see ``scheduler.memo``).
-    shape: tuple[object, ...] = ()
+    shape: tuple[object, ...]
+    age: AgeKey  # ``age_key(job)``, in submit order
 
 
-# A candidate a pass keeps for the next one (``scheduler.memo.Carry``): the job, its team's
-# highest class then, the candidate.
-Carried = tuple[Job, str, Candidate]
+# A candidate a pass keeps for the next one (``scheduler.memo.Carry``): the job, the candidate.
+Carried = tuple[Job, Candidate]
+
+
+# A candidate's submit order as a sort key (``Candidate.age``, ``age_key`` of its job).
+by_age: Callable[[Candidate], AgeKey] = attrgetter("age")
 
 
 def age_key(job: Job) -> AgeKey:
@@ -198,54 +202,50 @@ _Entry = tuple[float, AgeKey, T]
 
 
 @dataclass(slots=True)
-class _UserQueue(Generic[T]):
+class _UserQueue:
     name: str
-    jobs: deque[_Entry[T]]
+    jobs: deque[Candidate]  # oldest first
 
 
 @dataclass(slots=True)
-class _TeamQueue(Generic[T]):
+class _TeamQueue:
     name: str
-    users: dict[str, _UserQueue[T]]
+    users: dict[str, _UserQueue]
     heap: list[tuple[float, AgeKey, str]] = field(default_factory=list)
 
 
-class FairQueue(Generic[T]):
-    """The jobs of one priority class, yielded in fair-tree order.
+class FairQueue:
+    """The candidates of one round, yielded in fair-tree order.
 
-    ``items`` pairs each job with what the caller wants back for it. Iterating yields one item
-    at a time; the caller charges a placed job to ``fair`` before asking for the next one, and
-    the keys of that team and user are recomputed then.
+    Iterating yields one candidate at a time; the caller charges a placed job to ``fair``
+    before asking for the next one, and the keys of that team and user are recomputed then.
+    A job's age boost is worked out only when it heads its user's queue.
     """
 
     def __init__(
         self,
-        items: Iterable[tuple[Job, T]],
+        candidates: Iterable[Candidate],
         fair: FairShare,
         *,
         now: float,
         aging_per_hour: float,
-        yielded: list[_Entry[T]] | None = None,
+        yielded: list[_Entry[Candidate]] | None = None,
     ) -> None:
         self._fair = fair
         self._yielded = yielded  # each entry as it is yielded, when given (a ``Journal``)
-        aging = aging_per_hour / 3600.0
-        teams: dict[str, _TeamQueue[T]] = {}
-        for job, item in items:  # (age_key inlined: this runs once per pending job)
-            submitted = job.submitted_at
-            queued = job.queued_since
-            if queued is None:
-                queued = submitted
-            boost = aging * (now - queued) if now > queued else 0.0
+        self._now = now
+        self._aging = aging_per_hour / 3600.0
+        teams: dict[str, _TeamQueue] = {}
+        for c in candidates:  # (this runs once per pending job and round)
+            job = c.job
             team = teams.get(job.team)
             if team is None:
                 team = teams[job.team] = _TeamQueue(job.team, {})
             user = team.users.get(job.user)
             if user is None:
                 user = team.users[job.user] = _UserQueue(job.user, deque())
-            user.jobs.append((boost, (queued, submitted, job.id), item))
+            user.jobs.append(c)
         # Each user's jobs oldest first (age keys end with the job id: no two are equal).
-        by_age = itemgetter(1)
         for team in teams.values():
             for user in team.users.values():
                 user.jobs = deque(sorted(user.jobs, key=by_age))
@@ -258,23 +258,30 @@ class FairQueue(Generic[T]):
             self._heap.append(self._team_entry(team))
         heapq.heapify(self._heap)
 
-    def _user_entry(self, team: str, user: _UserQueue[T]) -> tuple[float, AgeKey, str]:
-        boost, key, _ = user.jobs[0]
-        return (-(self._fair.user_factor(team, user.name) + boost), key, user.name)
+    def _boost(self, c: Candidate) -> float:
+        now, queued = self._now, c.age[0]
+        return self._aging * (now - queued) if now > queued else 0.0
 
-    def _team_entry(self, team: _TeamQueue[T]) -> tuple[float, AgeKey, str]:
-        boost, key, _ = team.users[team.heap[0][2]].jobs[0]
-        return (-(self._fair.team_factor(team.name) + boost), key, team.name)
+    def _user_entry(self, team: str, user: _UserQueue) -> tuple[float, AgeKey, str]:
+        head = user.jobs[0]
+        factor = self._fair.user_factor(team, user.name)
+        return (-(factor + self._boost(head)), head.age, user.name)
 
-    def __iter__(self) -> Iterator[T]:
+    def _team_entry(self, team: _TeamQueue) -> tuple[float, AgeKey, str]:
+        head = team.users[team.heap[0][2]].jobs[0]
+        factor = self._fair.team_factor(team.name)
+        return (-(factor + self._boost(head)), head.age, team.name)
+
+    def __iter__(self) -> Iterator[Candidate]:
         heap = self._heap
         teams = self._teams
         fair = self._fair
+        now, aging = self._now, self._aging
         # The factor caches, read directly: a factor is recomputed only after a charge.
         team_f, user_f = fair._team_f, fair._user_f
         heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
         yielded = self._yielded
-        stays: _TeamQueue[T] | None = None  # the team that is still first after its turn
+        stays: _TeamQueue | None = None  # the team that is still first after its turn
         while stays is not None or heap:
             if stays is None:
                 team = teams[heappop(heap)[2]]
@@ -283,15 +290,17 @@ class FairQueue(Generic[T]):
             users = team.heap
             user = team.users[users[0][2]]
             jobs = user.jobs
-            entry = jobs.popleft()
+            c = jobs.popleft()
             if yielded is not None:
-                yielded.append(entry)
-            yield entry[2]
+                yielded.append((self._boost(c), c.age, c))
+            yield c
             # The caller has charged the job if it was placed: re-rank its user and team
             # (one heap operation each). Team mates' keys depend only on their own E.
             name = team.name
             if jobs:
-                boost, key, _ = jobs[0]
+                key = jobs[0].age
+                queued = key[0]
+                boost = aging * (now - queued) if now > queued else 0.0
                 factor = user_f.get((name, user.name))
                 if factor is None:
                     factor = fair.user_factor(name, user.name)
@@ -299,7 +308,9 @@ class FairQueue(Generic[T]):
             else:
                 heappop(users)
             if users and name in self._teams:  # (keep_teams may have dropped it)
-                boost, key, _ = team.users[users[0][2]].jobs[0]
+                key = team.users[users[0][2]].jobs[0].age
+                queued = key[0]
+                boost = aging * (now - queued) if now > queued else 0.0
                 factor = team_f.get(name)
                 if factor is None:
                     factor = fair.team_factor(name)
@@ -311,31 +322,28 @@ class FairQueue(Generic[T]):
                 else:
                     stays = team
 
-    def keep_teams(self, teams: Set[str]) -> list[T]:
-        """Drop every team but ``teams`` from the queue; the items dropped.
+    def keep_teams(self, teams: Set[str]) -> list[Candidate]:
+        """Drop every team but ``teams`` from the queue; the candidates dropped.
 
         The kept teams' jobs come in the same relative order as before: a team's keys depend
         only on its own standing and its own jobs.
         """
         dropped = [
-            entry[2]
+            c
             for name, team in self._teams.items()
             if name not in teams
             for user in team.users.values()
-            for entry in user.jobs
+            for c in user.jobs
         ]
         self._teams = {name: team for name, team in self._teams.items() if name in teams}
         self._heap[:] = [entry for entry in self._heap if entry[2] in teams]
         heapq.heapify(self._heap)
         return dropped
 
-    def rest(self) -> list[T]:
-        """The items not yielded yet (in no particular order)."""
+    def rest(self) -> list[Candidate]:
+        """The candidates not yielded yet (in no particular order)."""
         return [
-            entry[2]
-            for team in self._teams.values()
-            for user in team.users.values()
-            for entry in user.jobs
+            c for team in self._teams.values() for user in team.users.values() for c in user.jobs
         ]
 
 
@@ -352,7 +360,7 @@ class Ordered:
     def __init__(
         self,
         group: Sequence[Candidate],
-        queue: FairQueue[Candidate] | None,
+        queue: FairQueue | None,
         *,
         record: Callable[[Candidate], None] | None = None,
     ) -> None:
@@ -434,17 +442,22 @@ class FairShareRules:
         started, are no victims at all).
         """
         by_rank: dict[int, list[Candidate]] = {}
-        for c in candidates:
-            group = by_rank.get(c.rank)
-            if group is None:
-                group = by_rank[c.rank] = []
-            group.append(c)
+        if not _one_rank(candidates):
+            for c in candidates:
+                group = by_rank.get(c.rank)
+                if group is None:
+                    group = by_rank[c.rank] = []
+                group.append(c)
+        elif candidates:
+            by_rank[candidates[0].rank] = list(candidates)
         cycle.fair = self._standing(cycle, by_rank.values())
-        starving = starving_jobs(candidates, cycle.now, self._config.max_wait_s)
+        max_wait_s = self._config.max_wait_s
+        starving = starving_jobs(candidates, cycle.now, max_wait_s)
         if starving:
-            chosen = {id(c) for c in starving}
+            assert max_wait_s is not None
+            since = cycle.now - max_wait_s  # (the others: queued after it)
             for rank, group in by_rank.items():
-                by_rank[rank] = [c for c in group if id(c) not in chosen]
+                by_rank[rank] = [c for c in group if c.age[0] > since]
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:
             if starving:
@@ -463,7 +476,7 @@ class FairShareRules:
                 cycle.first_round = False
             chosen = {id(c) for c in inside}
             borrowing = [c for c in starving if id(c) not in chosen] + cycle.deferred
-            borrowing.sort(key=lambda c: age_key(c.job))
+            borrowing.sort(key=by_age)
             cycle.deferred = []
         rest: dict[int, list[Candidate]] = {}
         for rank in ranks:
@@ -484,6 +497,8 @@ class FairShareRules:
         """The jobs of ``group`` that keep their team within its guarantee, as of now."""
         ledger = cycle.ledger.team
         under = under_guarantee({c.job.team for c in group}, ledger, cycle.teams)
+        if not under:
+            return []
         return [
             c
             for c in group
@@ -542,8 +557,11 @@ class FairShareRules:
             cycle.first_round = True
             yield inside
             cycle.first_round = False
-        chosen = {id(c) for c in inside}
-        rest = [c for c in group if id(c) not in chosen] + cycle.deferred
+        if inside:
+            chosen = {id(c) for c in inside}
+            rest = [c for c in group if id(c) not in chosen] + cycle.deferred
+        else:
+            rest = group + cycle.deferred
         cycle.deferred = []
         return rest
 
@@ -556,7 +574,7 @@ class FairShareRules:
         if journal is not None and jobs:
             journal.rounds.append((len(journal.yielded), jobs[0].rank, cycle.first_round))
         queue = FairQueue(
-            ((c.job, c) for c in jobs),
+            jobs,
             cycle.fair,
             now=cycle.now,
             aging_per_hour=self._config.aging_per_hour,
@@ -577,7 +595,7 @@ class FairShareRules:
             queued = queued_at(c.job)
             journal.rounds.append((len(journal.yielded), c.rank, within))
             boost = aging * (now - queued) if now > queued else 0.0
-            journal.yielded.append((boost, age_key(c.job), c))
+            journal.yielded.append((boost, c.age, c))
 
         return record
 
@@ -589,6 +607,16 @@ class FairShareRules:
         return self._config.backfill and cycle.reserve(c)
 
 
+def _one_rank(candidates: Sequence[Candidate]) -> bool:
+    """Whether all ``candidates`` are of one class (the common case: grouping is a copy)."""
+    if candidates:
+        rank = candidates[0].rank
+        for c in candidates:
+            if c.rank != rank:
+                return False
+    return True
+
+
 def starving_jobs(
     candidates: Iterable[Candidate], now: float, max_wait_s: float | None
 ) -> list[Candidate]:
@@ -596,8 +624,8 @@ def starving_jobs(
     if max_wait_s is None:
         return []
     since = now - max_wait_s
-    found = [c for c in candidates if queued_at(c.job) <= since]
-    found.sort(key=lambda c: age_key(c.job))
+    found = [c for c in candidates if c.age[0] <= since]
+    found.sort(key=by_age)
     return found
 
 

@@ -155,5 +155,9 @@ def narrow(cycle: Cycle, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
     scope = cycle.scope
     if scope is None:
         return jobs
-    cycle.record_rest([c for c in jobs if c.job.team not in scope])
-    return [c for c in jobs if c.job.team in scope]
+    inside: list[Candidate] = []
+    outside: list[Candidate] = []
+    for c in jobs:
+        (inside if c.job.team in scope else outside).append(c)
+    cycle.record_rest(outside)
+    return inside
