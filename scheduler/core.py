@@ -233,7 +233,10 @@ class Cycle:
         """The pending jobs that may be considered now, in the snapshot's order."""
         caches = self.config.caches
         shape = self.shape
-        carried, keep = (None, None) if self.carry is None else self.carry.candidates(caches)
+        carried = None
+        if self.carry is not None:
+            self.carry.forget_gone(self.snapshot.pending)
+            carried = self.carry.candidates(caches)
         nominate = Nominator(
             config=self.config,
             classes=self.classes,
@@ -243,7 +246,6 @@ class Cycle:
             dependency_states=self.snapshot.dependency_states,
             gate_classes=self.rules.classes,
             carried=carried,
-            keep=keep,
         )
         self.fail, self.parked = nominate.fail, nominate.parked
         if not self.listing and self.rules.submit_order:

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache, SchedulerConfig
-from scheduler.model import PendingCode, Reason, Team
+from scheduler.model import Job, PendingCode, Reason, Team
 from scheduler.order import Candidate, Carried
 from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
@@ -275,8 +275,9 @@ class Carry:
     ``max_priority``, and a pass that meets any of these changed drops every candidate (so
     a pass takes carried candidates without a check per job: ``Nominator.every``). Jobs
     with dependencies (whose states change), jobs that fail and jobs that are parked are
-    not kept. Each pass keeps the candidates it met and no others, so jobs
-    that left the queue are forgotten at the next pass.
+    not kept. The candidates of jobs that left the queue are forgotten once they could
+    outnumber the pending ones (``forget_gone``), so the mapping stays within a few times
+    the queue's length.
     """
 
     __slots__ = ("_shape", "_config", "_candidates")
@@ -302,12 +303,27 @@ class Carry:
             self._shape, self._config = shape, depends
             self._candidates = {}
 
-    def candidates(
-        self, caches: frozenset[Cache]
-    ) -> tuple[dict[int, Carried] | None, dict[int, Carried] | None]:
-        """The candidates the last pass kept, and where this pass keeps them (None, None with
+    def __len__(self) -> int:
+        """How many candidates are kept."""
+        return len(self._candidates)
+
+    def candidates(self, caches: frozenset[Cache]) -> dict[int, Carried] | None:
+        """The candidates kept so far, where this pass takes and keeps them (None with
         ``Cache.CARRIED_CANDIDATES`` off)."""
         if Cache.CARRIED_CANDIDATES not in caches:
-            return None, None
-        kept, self._candidates = self._candidates, {}
-        return kept, self._candidates
+            return None
+        return self._candidates
+
+    def forget_gone(self, pending: Sequence[Job]) -> None:
+        """Drop the candidates of jobs no longer ``pending`` once they could outnumber the
+        pending ones (a pass adds the arrivals and drops nothing: dropping as jobs leave
+        would build the mapping anew each pass)."""
+        kept = self._candidates
+        if len(kept) <= 2 * len(pending) + 256:
+            return
+        fresh: dict[int, Carried] = {}
+        for job in pending:
+            found = kept.get(id(job))
+            if found is not None and found[0] is job:
+                fresh[id(job)] = found
+        self._candidates = fresh

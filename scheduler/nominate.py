@@ -43,8 +43,7 @@ class Nominator:
         request_info: Callable[[GpuRequest], RequestInfo],
         dependency_states: Mapping[str, DependencyState],
         gate_classes: bool,
-        carried: Mapping[int, Carried] | None = None,
-        keep: dict[int, Carried] | None = None,
+        carried: dict[int, Carried] | None = None,
     ) -> None:
         self.fail: list[Fail] = []
         self.parked: list[Left] = []
@@ -58,8 +57,7 @@ class Nominator:
         self._by_class = config.preempt_by_priority
         # Each job as the last pass over the same cluster, with the same classes, made it a
         # candidate, by the job's identity (``scheduler.memo.Carry``), and for the next one.
-        self._carried = carried.get if carried else None
-        self._keep = keep
+        self._carried = carried
 
     def candidate(self, job: Job) -> Candidate | None:
         """``job`` as a candidate, or None (then it failed or is parked)."""
@@ -79,15 +77,13 @@ class Nominator:
             team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
         carried = self._carried
         if carried is not None:
-            found = carried(id(job))
+            found = carried.get(id(job))
             # The same job object (then the same values), over the same cluster, with the
             # same class rules (``scheduler.memo.Carry``): the same candidate, but for the
             # team's record (its usage and limits are the pass's).
             if found is not None and found[0] is job:
                 c = found[1]
                 c.team = team
-                if self._keep is not None:
-                    self._keep[id(job)] = found
                 return c
         classes = self._classes
         rank = classes.get(job.priority, 0)
@@ -113,9 +109,9 @@ class Nominator:
         c = Candidate(
             job, team, rank, info.pools, info.unit, info.minimum, request.count, shape, age
         )
-        if self._keep is not None and not job.depends_on:
+        if carried is not None and not job.depends_on:
             # (a job with dependencies is nominated afresh each pass: their states change)
-            self._keep[id(job)] = (job, c)
+            carried[id(job)] = (job, c)
         return c
 
     def every(self, jobs: Sequence[Job]) -> list[Candidate]:
@@ -125,19 +121,18 @@ class Nominator:
         every job is one (only the arrivals since the last pass are not), and their
         candidates need only this pass's team records (the checks ``candidate`` makes first
         hold for them: jobs with dependencies are never kept)."""
-        carried, keep = self._carried, self._keep
+        carried = self._carried
         candidate = self.candidate
-        if carried is None or keep is None:
+        if carried is None:
             return [c for c in map(candidate, jobs) if c is not None]
-        teams, team_of = self._teams, self._team_of
+        teams, team_of = self._teams.get, self._team_of
+        carried_get = carried.get
         made: list[Candidate] = []
         for job in jobs:
-            found = carried(id(job))
+            found = carried_get(id(job))
             if found is not None and found[0] is job:
                 c = found[1]
-                name = job.team
-                c.team = teams[name] if name in teams else team_of(name)
-                keep[id(job)] = found
+                c.team = teams(job.team) or team_of(job.team)
                 made.append(c)
             else:
                 fresh = candidate(job)  # (kept for the next pass if it may be)

@@ -111,3 +111,26 @@ def test_without_clamping_a_carried_clamped_job_is_parked() -> None:
     )
     after = schedule(snap, now=NOW, config=EVERY, carry=carry)
     assert codes(after) == {"p0": "PRIORITY_NOT_ALLOWED"}
+
+
+def test_the_candidates_of_jobs_that_left_are_forgotten_once_they_outnumber_the_queue() -> None:
+    nodes = (whole_node("n0", 2),)
+    busy = running(job("r", "b", count=2), ["n0-g0", "n0-g1"])
+    queue = [job(f"p{k}", count=1, at=float(k)) for k in range(600)]
+    carry = Carry()
+    schedule(snapshot(nodes, queue, [busy]), now=NOW, config=EVERY, carry=carry)
+    assert len(carry) == 600
+    # Ten jobs left: their candidates stay while the kept ones could not outnumber the queue.
+    rest = snapshot(nodes, queue[10:], [busy])
+    assert schedule(rest, now=NOW, config=EVERY, carry=carry) == schedule(
+        rest, now=NOW, config=NONE
+    )
+    assert len(carry) == 600
+    # Most of the queue left: the next pass keeps only the jobs still pending.
+    few = snapshot(nodes, queue[590:], [busy])
+    assert schedule(few, now=NOW, config=EVERY, carry=carry) == schedule(few, now=NOW, config=NONE)
+    assert len(carry) == 10
+    # A job arriving later is kept beside them.
+    later = snapshot(nodes, [*queue[590:], job("p9999", count=1, at=9999.0)], [busy])
+    schedule(later, now=NOW, config=EVERY, carry=carry)
+    assert len(carry) == 11
