@@ -180,6 +180,7 @@ class Cycle:
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
+        self.pending_teams: set[str] = set()  # the teams of the candidates (a listed queue)
         self.under_guarantee: set[str] = set()  # teams with pending work, under guarantee
         # The teams whose jobs may still change a decision: None = all; SETTLED = none, and
         # the rest of the queue is only recorded, waiting with ``behind``.
@@ -252,9 +253,8 @@ class Cycle:
             # No pending list: candidates are made as the queue reaches them.
             return InSubmitOrder(nominate, self.snapshot.pending)
         candidates = nominate.every(self.snapshot.pending)
-        self.under_guarantee = under_guarantee(
-            {c.job.team for c in candidates}, self.ledger.team, self.teams
-        )
+        self.pending_teams = {c.job.team for c in candidates}
+        self.under_guarantee = under_guarantee(self.pending_teams, self.ledger.team, self.teams)
         return candidates
 
     # -- 3 + 4. order and admit ----------------------------------------------------------------

@@ -469,13 +469,12 @@ class FairShareRules:
         if starving:
             # Starving jobs within their team's guarantee first (a job the round finds
             # borrowing after all joins the starving jobs that borrow).
-            inside = self._inside(cycle, starving)
+            inside, borrowing = self._split(cycle, starving)
             if inside:
                 cycle.first_round = True
                 yield from self._starving(cycle, inside)
                 cycle.first_round = False
-            chosen = {id(c) for c in inside}
-            borrowing = [c for c in starving if id(c) not in chosen] + cycle.deferred
+            borrowing += cycle.deferred
             borrowing.sort(key=by_age)
             cycle.deferred = []
         rest: dict[int, list[Candidate]] = {}
@@ -493,17 +492,23 @@ class FairShareRules:
         cycle.starving = False
 
     @staticmethod
-    def _inside(cycle: Cycle, group: list[Candidate]) -> list[Candidate]:
-        """The jobs of ``group`` that keep their team within its guarantee, as of now."""
+    def _split(cycle: Cycle, group: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
+        """The jobs of ``group`` that keep their team within its guarantee, as of now, and
+        the others (each in ``group``'s order)."""
         ledger = cycle.ledger.team
-        under = under_guarantee({c.job.team for c in group}, ledger, cycle.teams)
+        # (the teams of every pending job: a superset of the group's, checked team by team)
+        under = under_guarantee(cycle.pending_teams, ledger, cycle.teams)
         if not under:
-            return []
-        return [
-            c
-            for c in group
-            if c.job.team in under and within_guarantee(c, ledger.get(c.job.team, 0.0))
-        ]
+            return [], list(group)
+        inside: list[Candidate] = []
+        rest: list[Candidate] = []
+        for c in group:
+            team = c.job.team
+            if team in under and within_guarantee(c, ledger.get(team, 0.0)):
+                inside.append(c)
+            else:
+                rest.append(c)
+        return inside, rest
 
     def _standing(self, cycle: Cycle, groups: Iterable[list[Candidate]]) -> FairShare:
         """The fair-share standing of the teams and users with pending work."""
@@ -552,16 +557,12 @@ class FairShareRules:
     ) -> Generator[list[Candidate], None, list[Candidate]]:
         """The round of ``group``'s jobs that keep their team within its guarantee; returns
         the rest, with the jobs that round found borrowing after all (``cycle.deferred``)."""
-        inside = self._inside(cycle, group)
+        inside, rest = self._split(cycle, group)
         if inside:
             cycle.first_round = True
             yield inside
             cycle.first_round = False
-        if inside:
-            chosen = {id(c) for c in inside}
-            rest = [c for c in group if id(c) not in chosen] + cycle.deferred
-        else:
-            rest = group + cycle.deferred
+        rest += cycle.deferred
         cycle.deferred = []
         return rest
 
