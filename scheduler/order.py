@@ -296,6 +296,7 @@ class FairQueue:
             yield c
             # The caller has charged the job if it was placed: re-rank its user and team
             # (one heap operation each). Team mates' keys depend only on their own E.
+            # (``_boost`` written out below: this loop runs for every job a pass considers)
             name = team.name
             if jobs:
                 key = jobs[0].age
