@@ -258,19 +258,15 @@ class FairQueue:
             self._heap.append(self._team_entry(team))
         heapq.heapify(self._heap)
 
-    def _boost(self, c: Candidate) -> float:
-        now, queued = self._now, c.age[0]
-        return self._aging * (now - queued) if now > queued else 0.0
-
     def _user_entry(self, team: str, user: _UserQueue) -> tuple[float, AgeKey, str]:
         head = user.jobs[0]
         factor = self._fair.user_factor(team, user.name)
-        return (-(factor + self._boost(head)), head.age, user.name)
+        return (-(factor + age_boost(self._aging, self._now, head)), head.age, user.name)
 
     def _team_entry(self, team: _TeamQueue) -> tuple[float, AgeKey, str]:
         head = team.users[team.heap[0][2]].jobs[0]
         factor = self._fair.team_factor(team.name)
-        return (-(factor + self._boost(head)), head.age, team.name)
+        return (-(factor + age_boost(self._aging, self._now, head)), head.age, team.name)
 
     def __iter__(self) -> Iterator[Candidate]:
         heap = self._heap
@@ -292,11 +288,11 @@ class FairQueue:
             jobs = user.jobs
             c = jobs.popleft()
             if yielded is not None:
-                yielded.append((self._boost(c), c.age, c))
+                yielded.append((age_boost(aging, now, c), c.age, c))
             yield c
             # The caller has charged the job if it was placed: re-rank its user and team
             # (one heap operation each). Team mates' keys depend only on their own E.
-            # (``_boost`` written out below: this loop runs for every job a pass considers)
+            # (``age_boost`` written out below: this loop runs for every job a pass considers)
             name = team.name
             if jobs:
                 key = jobs[0].age
@@ -453,11 +449,10 @@ class FairShareRules:
             by_rank[candidates[0].rank] = list(candidates)
         cycle.fair = self._standing(cycle, by_rank.values())
         max_wait_s = self._config.max_wait_s
-        starving = starving_jobs(candidates, cycle.now, max_wait_s)
-        if starving:
-            assert max_wait_s is not None
-            since = cycle.now - max_wait_s  # (the others: queued after it)
-            for rank, group in by_rank.items():
+        since = None if max_wait_s is None else cycle.now - max_wait_s  # (queued by then)
+        starving = starving_jobs(candidates, since)
+        if since is not None and starving:
+            for rank, group in by_rank.items():  # (the others: queued after it)
                 by_rank[rank] = [c for c in group if c.age[0] > since]
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:
@@ -594,10 +589,8 @@ class FairShareRules:
         within = cycle.first_round
 
         def record(c: Candidate) -> None:
-            queued = queued_at(c.job)
             journal.rounds.append((len(journal.yielded), c.rank, within))
-            boost = aging * (now - queued) if now > queued else 0.0
-            journal.yielded.append((boost, c.age, c))
+            journal.yielded.append((age_boost(aging, now, c), c.age, c))
 
         return record
 
@@ -619,16 +612,20 @@ def _one_rank(candidates: Sequence[Candidate]) -> bool:
     return True
 
 
-def starving_jobs(
-    candidates: Iterable[Candidate], now: float, max_wait_s: float | None
-) -> list[Candidate]:
-    """The candidates queued ``max_wait_s`` or longer, oldest first (``age_key``)."""
-    if max_wait_s is None:
+def starving_jobs(candidates: Iterable[Candidate], since: float | None) -> list[Candidate]:
+    """The candidates queued by ``since`` (now less ``max_wait_s``; None: no maximum wait),
+    oldest first (``age_key``)."""
+    if since is None:
         return []
-    since = now - max_wait_s
     found = [c for c in candidates if c.age[0] <= since]
     found.sort(key=by_age)
     return found
+
+
+def age_boost(aging_per_s: float, now: float, c: Candidate) -> float:
+    """What ``c``'s wait adds to its team's and user's keys (``aging_per_hour``, per second)."""
+    queued = c.age[0]
+    return aging_per_s * (now - queued) if now > queued else 0.0
 
 
 def queued_at(job: Job) -> float:
