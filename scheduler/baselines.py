@@ -43,6 +43,8 @@ class Fifo:
     def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered:
         if isinstance(jobs, InSubmitOrder):
             return Ordered(jobs, None)  # in submit order already, nominated as it goes
+        if cycle.snapshot.pending_in_submit_order:
+            return Ordered(jobs, None)  # the candidates keep the snapshot's order
         return Ordered(sorted(jobs, key=by_age), None)
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:

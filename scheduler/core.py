@@ -251,7 +251,9 @@ class Cycle:
         self.fail, self.parked = nominate.fail, nominate.parked
         if not self.listing and self.rules.submit_order:
             # No pending list: candidates are made as the queue reaches them.
-            return InSubmitOrder(nominate, self.snapshot.pending)
+            return InSubmitOrder(
+                nominate, self.snapshot.pending, in_order=self.snapshot.pending_in_submit_order
+            )
         candidates = nominate.every(self.snapshot.pending)
         self.pending_teams = {c.job.team for c in candidates}
         self.under_guarantee = under_guarantee(self.pending_teams, self.ledger.team, self.teams)

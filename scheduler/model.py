@@ -226,6 +226,11 @@ class Snapshot:
     # jobs behind running jobs without a time limit, or whose limits overestimate. Estimates
     # only; no decision depends on it.
     run_times: RunTimes = NO_RUN_TIMES
+    # The shell's promise that ``pending`` is in submit order already (``order.age_key``
+    # ascending): the FIFO baselines then take the queue as it comes instead of keying and
+    # sorting it each pass. Off, the core sorts; a false promise changes the order FIFO
+    # sees (never a limit or a placement's validity).
+    pending_in_submit_order: bool = False
 
 
 # --- decisions -------------------------------------------------------------------------

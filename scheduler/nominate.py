@@ -163,17 +163,18 @@ class InSubmitOrder(Sequence[Candidate]):
     fails or waits for a dependency is nominated at once, in the snapshot's order (the
     only ones ``Nominator.candidate`` can fail), so ``Nominator.fail`` is complete from the
     start; parked jobs are skipped where the queue reaches them. Asking for its length or
-    an item nominates every job.
+    an item nominates every job. ``in_order``: ``jobs`` are in submit order already
+    (``Snapshot.pending_in_submit_order``), and are not sorted again.
     """
 
-    def __init__(self, nominate: Nominator, jobs: Sequence[Job]) -> None:
+    def __init__(self, nominate: Nominator, jobs: Sequence[Job], *, in_order: bool) -> None:
         self._nominate = nominate
         early: dict[str, Candidate | None] = {}
         for job in jobs:
             if job.request.count < 1 or job.depends_on:
                 early[job.id] = nominate.candidate(job)
         self._early = early
-        self._jobs = sorted(jobs, key=age_key)
+        self._jobs = jobs if in_order else sorted(jobs, key=age_key)
         self._next = 0  # the first job of ``_jobs`` not nominated yet
         self._made: list[Candidate] = []
 

@@ -52,7 +52,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
-from scheduler.order import queued_at
+from scheduler.order import AgeKey, age_key, queued_at
 from scheduler.preempt import never_victim_once_starved
 from scheduler.runtimes import RECENT_RUNS, run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
@@ -254,7 +254,13 @@ class Replay:
         self._etas: dict[str, Estimate] = {}
         self._unseen: set[str] = set()  # arrived, never yet left pending by a pass
         self._history = _History()
+        # In submit order (``order.age_key``), so the snapshot can say so
+        # (``Snapshot.pending_in_submit_order``): arrivals come in that order; a requeued
+        # victim keeps its first queueing time and is put back in its place before the next
+        # pass (``_in_order`` is off until then).
         self._pending: dict[str, Job] = {}
+        self._last_age: AgeKey | None = None  # the latest age key enqueued in order
+        self._in_order = True
         self._running: dict[str, RunningJob] = {}
         self._owner: dict[str, str] = {}  # slice id -> job id
         self._held: dict[str, float] = dict.fromkeys(teams, 0.0)
@@ -361,12 +367,16 @@ class Replay:
                 self._requeue_victim(job_id, now)
 
     def _admit_arrivals(self, now: float, next_arrival: int) -> int:
+        arrived: list[Job] = []
         while next_arrival < len(self._arrivals) and self._arrivals[next_arrival].submit_s <= now:
-            arrived = self._live[self._arrivals[next_arrival].id].job
-            self._enqueue(arrived)
-            if self._record_etas:
-                self._unseen.add(arrived.id)
+            arrived.append(self._live[self._arrivals[next_arrival].id].job)
             next_arrival += 1
+        if len(arrived) > 1:
+            arrived.sort(key=age_key)  # (the trace's order breaks ties by line, not job id)
+        for job in arrived:
+            self._enqueue(job)
+            if self._record_etas:
+                self._unseen.add(job.id)
         return next_arrival
 
     def _pop_tick(self, now: float) -> None:
@@ -389,10 +399,14 @@ class Replay:
             self._skipped += 1
             if not explain:
                 return
+        if not self._in_order:
+            self._pending = {job.id: job for job in sorted(self._pending.values(), key=age_key)}
+            self._in_order = True
         snapshot = Snapshot(
             nodes=self._nodes,
             teams=self._snapshot_teams(),
             pending=tuple(self._pending.values()),
+            pending_in_submit_order=True,
             running=tuple(self._running.values()),
             user_usage=dict(self._user_usage),
             run_times=self._history.run_times() if explain else NO_RUN_TIMES,
@@ -644,6 +658,11 @@ class Replay:
 
     def _enqueue(self, job: Job) -> None:
         self._pending[job.id] = job
+        age = age_key(job)
+        if self._last_age is None or age > self._last_age:
+            self._last_age = age
+        else:
+            self._in_order = False
         wait = self._config.reclaim_wait_s
         if wait is not None and self._reclaim_on():
             key = (job.team, self._live[job.id].asks_units)

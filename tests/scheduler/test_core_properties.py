@@ -26,6 +26,7 @@ from scheduler import (
     Team,
     schedule,
 )
+from scheduler.order import age_key
 from scheduler.runtimes import run_times_from
 from scheduler.units import mig_units
 
@@ -331,6 +332,20 @@ def test_switching_explanations_off_changes_no_decision(
     lean = schedule(snap, now=NOW, config=replace(config, explain=False, list_pending=False))
     assert (lean.assign, lean.preempt, lean.fail) == (bare.assign, bare.preempt, bare.fail)
     assert lean.pending == ()
+
+
+@PROPERTY
+@given(snapshots(), configs, st.booleans())
+def test_a_queue_declared_in_submit_order_is_taken_as_the_sorted_one(
+    snap: Snapshot, config: SchedulerConfig, listing: bool
+) -> None:
+    # Snapshot.pending_in_submit_order: the shell's promise spares the FIFO baselines their
+    # sort; kept, every decision, reason and position is what the core's own sort gives.
+    config = replace(config, explain=listing, list_pending=listing)
+    in_order = replace(snap, pending=tuple(sorted(snap.pending, key=age_key)))
+    sorted_by_core = schedule(in_order, now=NOW, config=config)
+    declared = replace(in_order, pending_in_submit_order=True)
+    assert schedule(declared, now=NOW, config=config) == sorted_by_core
 
 
 def _fields(config: SchedulerConfig) -> dict[str, object]:

@@ -114,6 +114,29 @@ def test_a_requeued_job_keeps_its_place_and_the_snapshot_charges_running_work() 
     assert requeued.time_limit_s == 1000  # the true duration, so backfill can reserve
 
 
+def test_every_snapshot_lists_its_queue_in_submit_order_and_says_so() -> None:
+    # Snapshot.pending_in_submit_order: arrivals of one instant go in by job id (the trace
+    # has them the other way round), and a requeued victim goes back before the jobs
+    # that arrived after it first queued.
+    seen: list[tuple[float, Snapshot]] = []
+
+    def recording(snapshot: Snapshot, /, *, now: float, config: SchedulerConfig) -> Decisions:
+        seen.append((now, snapshot))
+        return _guarantee_first_standin(snapshot, now=now, config=config)
+
+    jobs = [
+        job("a1", 8, 0, 1000, "a"),
+        job("a3", 8, 5, 50, "a"),
+        job("a2", 8, 5, 50, "a"),
+        job("b1", 4, 10, 100, "b"),
+    ]
+    run(jobs, 8, config=FAIRSHARE, teams={"a": 0, "b": 4}, schedule=recording)
+    assert all(s.pending_in_submit_order for _, s in seen)
+    queues = {t: [j.id for j in s.pending] for t, s in seen}
+    assert queues[10] == ["a2", "a3", "b1"]
+    assert queues[90] == ["a1", "a2", "a3", "b1"]  # a1 stopped at 90, b1 not started yet
+
+
 def test_it_stops_when_the_core_gives_a_slice_twice() -> None:
     def greedy(snapshot: Snapshot, /, *, now: float, config: SchedulerConfig) -> Decisions:
         first_slice = snapshot.nodes[0].slices[0].id
