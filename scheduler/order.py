@@ -26,7 +26,7 @@ another job of its class and round (1,000 h with the default 0.002) is considere
 it, whatever the teams' usage. That is long on purpose: strong aging turns a long queue into
 FIFO and undoes fair share. The bound a user can rely on is ``max_wait_s``: jobs queued that
 long go first, before every class and round, oldest first, each with a reservation of its own
-(``starving_jobs``; docs/scheduling.md#starvation); one that would borrow goes after the work
+(``FairShareRules.rounds``; docs/scheduling.md#starvation); one that would borrow goes after the work
 within guarantees, unless ``preempt_by_priority``.
 """
 
@@ -438,22 +438,30 @@ class FairShareRules:
         a guarantee included: classes go first, and starving jobs before them all (and, once
         started, are no victims at all).
         """
-        by_rank: dict[int, list[Candidate]] = {}
-        if not _one_rank(candidates):
-            for c in candidates:
-                group = by_rank.get(c.rank)
-                if group is None:
-                    group = by_rank[c.rank] = []
-                group.append(c)
-        elif candidates:
-            by_rank[candidates[0].rank] = list(candidates)
-        cycle.fair = self._standing(cycle, by_rank.values())
+        # One walk over the queue (once per pass and pending job): each team's users with
+        # pending work (the standing), the jobs queued by ``since`` (now less ``max_wait_s``),
+        # and the others by class, each in the queue's order. (Every class keeps its group,
+        # though only starving jobs may be of it.)
         max_wait_s = self._config.max_wait_s
-        since = None if max_wait_s is None else cycle.now - max_wait_s  # (queued by then)
-        starving = starving_jobs(candidates, since)
-        if since is not None and starving:
-            for rank, group in by_rank.items():  # (the others: queued after it)
-                by_rank[rank] = [c for c in group if c.age[0] > since]
+        since = -math.inf if max_wait_s is None else cycle.now - max_wait_s
+        active: dict[str, set[str]] = {}
+        by_rank: dict[int, list[Candidate]] = {}
+        starving: list[Candidate] = []
+        for c in candidates:
+            job = c.job
+            users = active.get(job.team)
+            if users is None:
+                users = active[job.team] = set()
+            users.add(job.user)
+            group = by_rank.get(c.rank)
+            if group is None:
+                group = by_rank[c.rank] = []
+            if c.age[0] <= since:
+                starving.append(c)
+            else:
+                group.append(c)
+        starving.sort(key=by_age)  # oldest first
+        cycle.fair = self._standing(cycle, active)
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:
             if starving:
@@ -506,16 +514,9 @@ class FairShareRules:
                 rest.append(c)
         return inside, rest
 
-    def _standing(self, cycle: Cycle, groups: Iterable[list[Candidate]]) -> FairShare:
-        """The fair-share standing of the teams and users with pending work."""
-        active: dict[str, set[str]] = {}
-        for group in groups:
-            for c in group:
-                job = c.job
-                users = active.get(job.team)
-                if users is None:
-                    users = active[job.team] = set()
-                users.add(job.user)
+    def _standing(self, cycle: Cycle, active: dict[str, set[str]]) -> FairShare:
+        """The fair-share standing of ``active``: the teams with pending work, each with its
+        users that have some."""
         config = self._config
         history_per_unit = config.history_weight * decayed_rate(1.0, config.usage_half_life_s)
         ledger = cycle.ledger
@@ -600,26 +601,6 @@ class FairShareRules:
         if cycle.starving:
             return cycle.reserve(c, starving=True)
         return self._config.backfill and cycle.reserve(c)
-
-
-def _one_rank(candidates: Sequence[Candidate]) -> bool:
-    """Whether all ``candidates`` are of one class (the common case: grouping is a copy)."""
-    if candidates:
-        rank = candidates[0].rank
-        for c in candidates:
-            if c.rank != rank:
-                return False
-    return True
-
-
-def starving_jobs(candidates: Iterable[Candidate], since: float | None) -> list[Candidate]:
-    """The candidates queued by ``since`` (now less ``max_wait_s``; None: no maximum wait),
-    oldest first (``age_key``)."""
-    if since is None:
-        return []
-    found = [c for c in candidates if c.age[0] <= since]
-    found.sort(key=by_age)
-    return found
 
 
 def age_boost(aging_per_s: float, now: float, c: Candidate) -> float:
