@@ -180,6 +180,10 @@ class Cycle:
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
+        # The team of the job the first round just deferred, and per team of the round the
+        # fewest units any of its jobs still in the round was seen to need (``_defer_team``).
+        self.deferring: str | None = None
+        self.round_least: dict[str, float] = {}
         self.pending_teams: set[str] = set()  # the teams of the candidates (a listed queue)
         self.under_guarantee: set[str] = set()  # teams with pending work, under guarantee
         # The teams whose jobs may still change a decision: None = all; SETTLED = none, and
@@ -269,6 +273,7 @@ class Cycle:
             return
         jobs = narrow(self, jobs)
         thinned = thinnable(self)
+        self.round_least = {}
         self._admit_in_order(thin(self, jobs) if thinned else jobs, thinned)
 
     def _admit_in_order(self, jobs: Sequence[Candidate], thinned: bool) -> None:
@@ -277,6 +282,9 @@ class Cycle:
         scope = self.scope
         for candidate in ordered:
             admit(candidate)
+            if self.deferring is not None:
+                self._defer_team(ordered, self.deferring)
+                self.deferring = None
             if self.scope is not scope:
                 scope = self.scope
                 if scope is SETTLED:
@@ -292,10 +300,30 @@ class Cycle:
                 self._admit_in_order(thin(self, ordered.rest()), True)
                 return
 
+    def _defer_team(self, ordered: Ordered, team: str) -> None:
+        """The first round deferred a job of ``team``: once none of the team's jobs left in
+        the round keeps it within its guarantee, defer them all at once instead of one by
+        one as the order reaches them (a team's units only grow within a pass, so none of
+        them could come back into the round)."""
+        held = self.ledger.team.get(team, 0.0)
+        least = self.round_least.get(team)
+        guarantee = self.team(team).guaranteed
+        if least is not None and held + least <= guarantee + EPS:
+            return  # a job that small was in the round when last looked: look again later
+        rest = ordered.team_rest(team)
+        least = min((c.minimum * c.unit for c in rest), default=math.inf)
+        self.round_least[team] = least
+        if held + least > guarantee + EPS:
+            self.deferred += ordered.drop_team(team)
+
     def admit(self, c: Candidate) -> None:
         job = c.job
         if self.first_round and not within_guarantee(c, self.ledger.team.get(job.team, 0.0)):
             self.deferred.append(c)  # it would borrow after all: second round
+            if not self.listing and self.fair.journal is None:
+                # (Nothing reads which round's order met the team's jobs: no pending list,
+                # no fair-share journal.)
+                self.deferring = job.team
             return
         if job.array:
             # Its array runs as many members as it may: the array's own limit, not a

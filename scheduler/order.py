@@ -343,6 +343,22 @@ class FairQueue:
             c for team in self._teams.values() for user in team.users.values() for c in user.jobs
         ]
 
+    def team_rest(self, name: str) -> list[Candidate]:
+        """Team ``name``'s candidates not yielded yet (in no particular order)."""
+        team = self._teams.get(name)
+        if team is None:
+            return []
+        return [c for user in team.users.values() for c in user.jobs]
+
+    def drop_team(self, name: str) -> list[Candidate]:
+        """Drop team ``name`` from the queue; its candidates not yielded yet. (The other
+        teams' jobs come in the same order: see ``keep_teams``.)"""
+        dropped = self.team_rest(name)
+        if self._teams.pop(name, None) is not None:
+            self._heap[:] = [entry for entry in self._heap if entry[2] != name]
+            heapq.heapify(self._heap)
+        return dropped
+
 
 def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tuple[str, float]]:
     """The ``count`` teams with the highest factors among ``teams`` (ties by name), highest
@@ -400,6 +416,20 @@ class Ordered:
         if self._queue is not None:
             return self._queue.rest()
         return list(self._group[self._yielded :])
+
+    def team_rest(self, name: str) -> list[Candidate]:
+        """Team ``name``'s candidates not yielded yet."""
+        if self._queue is not None:
+            return self._queue.team_rest(name)
+        return [c for c in self._group[self._yielded :] if c.job.team == name]
+
+    def drop_team(self, name: str) -> list[Candidate]:
+        """Drop team ``name``'s candidates not yielded yet; those candidates."""
+        if self._queue is not None:
+            return self._queue.drop_team(name)
+        rest = self.rest()
+        self._group = [*self._group[: self._yielded], *(c for c in rest if c.job.team != name)]
+        return [c for c in rest if c.job.team == name]
 
 
 # --- the rules of the portal's policy ---------------------------------------------------------

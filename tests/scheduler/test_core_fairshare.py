@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
 
 from scheduler import PendingCode, Team
+from scheduler.order import Candidate, FairQueue
 
 HOUR = 3600.0
 HEAVY = 1e7  # decayed GPU-unit-seconds: about 5.7 units of history at the default knobs
@@ -134,3 +136,42 @@ def test_work_within_a_guarantee_goes_before_borrowing_whatever_the_usage() -> N
     decisions = decide(snap, backfill=False)
     assert placed(decisions) == {"a1": ("n0-g2",)}
     assert decisions.assign[0].borrowed is False
+
+
+def test_a_team_that_no_job_of_its_keeps_within_its_guarantee_leaves_the_first_round_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a (guarantee 4) gets a1's 4 GPUs, so a2 would borrow and is deferred, and none of a's
+    # jobs left fits the guarantee: without a pending list the round defers a3 and a4 with
+    # it, instead of meeting each in the fair order. The decisions are those of the listed
+    # pass, which meets every job: a's deferred jobs and b's share what is left in the
+    # borrowing round.
+    snap = snapshot(
+        [whole_node("n0", gpus=4), whole_node("n1", gpus=8)],
+        [
+            job("a1", "a", at=1, count=4),
+            job("a2", "a", at=2),
+            job("a3", "a", at=3, count=2),
+            job("a4", "a", at=4),
+            job("b1", "b", at=5, count=2),
+        ],
+        [running(job("b0", "b", count=4), [f"n0-g{i}" for i in range(4)])],
+        teams=[Team("a", guaranteed=4.0), Team("b", guaranteed=4.0)],
+    )
+    dropped: list[list[str]] = []
+    drop_team = FairQueue.drop_team
+
+    def spy(self: FairQueue, name: str) -> list[Candidate]:
+        found = drop_team(self, name)
+        dropped.append(sorted(c.job.id for c in found))
+        return found
+
+    monkeypatch.setattr(FairQueue, "drop_team", spy)
+    listed = decide(snap, explain=False)
+    assert dropped == []
+    lean = decide(snap, explain=False, list_pending=False)
+    assert dropped == [["a3", "a4"]]
+    # a1 in the first round; then a2 and b1, and a3 (next in the fair order, 2 GPUs) holds
+    # a reservation on the last free GPU, which a4 (no time limit) may not use.
+    assert sorted(placed(lean)) == ["a1", "a2", "b1"]
+    assert (lean.assign, lean.preempt, lean.fail) == (listed.assign, listed.preempt, listed.fail)
