@@ -180,9 +180,8 @@ class Cycle:
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
-        # The team of the job the first round just deferred, and per team of the round the
-        # fewest units any of its jobs still in the round was seen to need (``_defer_team``).
-        self.deferring: str | None = None
+        # Per team of the round, the fewest units any of its jobs still in the round was
+        # seen to need (``_defer_team``).
         self.round_least: dict[str, float] = {}
         self.pending_teams: set[str] = set()  # the teams of the candidates (a listed queue)
         self.under_guarantee: set[str] = set()  # teams with pending work, under guarantee
@@ -280,11 +279,13 @@ class Cycle:
         ordered = self.rules.order(self, jobs)
         admit = self.admit
         scope = self.scope
+        # A first round may let go of a team at once (``_defer_team``) where nothing records
+        # the order each job was met in: no pending list, no fair-share journal.
+        defer_teams = self.first_round and not self.listing and self.fair.journal is None
         for candidate in ordered:
             admit(candidate)
-            if self.deferring is not None:
-                self._defer_team(ordered, self.deferring)
-                self.deferring = None
+            if defer_teams and self.deferred and self.deferred[-1] is candidate:
+                self._defer_team(ordered, candidate.job.team)
             if self.scope is not scope:
                 scope = self.scope
                 if scope is SETTLED:
@@ -314,16 +315,12 @@ class Cycle:
         least = min((c.minimum * c.unit for c in rest), default=math.inf)
         self.round_least[team] = least
         if held + least > guarantee + EPS:
-            self.deferred += ordered.drop_team(team)
+            self.deferred += ordered.keep_teams(self.pending_teams - {team})
 
     def admit(self, c: Candidate) -> None:
         job = c.job
         if self.first_round and not within_guarantee(c, self.ledger.team.get(job.team, 0.0)):
             self.deferred.append(c)  # it would borrow after all: second round
-            if not self.listing and self.fair.journal is None:
-                # (Nothing reads which round's order met the team's jobs: no pending list,
-                # no fair-share journal.)
-                self.deferring = job.team
             return
         if job.array:
             # Its array runs as many members as it may: the array's own limit, not a

@@ -26,8 +26,8 @@ another job of its class and round (1,000 h with the default 0.002) is considere
 it, whatever the teams' usage. That is long on purpose: strong aging turns a long queue into
 FIFO and undoes fair share. The bound a user can rely on is ``max_wait_s``: jobs queued that
 long go first, before every class and round, oldest first, each with a reservation of its own
-(``FairShareRules.rounds``; docs/scheduling.md#starvation); one that would borrow goes after the work
-within guarantees, unless ``preempt_by_priority``.
+(``FairShareRules.rounds``; docs/scheduling.md#starvation); one that would borrow goes after
+the work within guarantees, unless ``preempt_by_priority``.
 """
 
 from __future__ import annotations
@@ -350,15 +350,6 @@ class FairQueue:
             return []
         return [c for user in team.users.values() for c in user.jobs]
 
-    def drop_team(self, name: str) -> list[Candidate]:
-        """Drop team ``name`` from the queue; its candidates not yielded yet. (The other
-        teams' jobs come in the same order: see ``keep_teams``.)"""
-        dropped = self.team_rest(name)
-        if self._teams.pop(name, None) is not None:
-            self._heap[:] = [entry for entry in self._heap if entry[2] != name]
-            heapq.heapify(self._heap)
-        return dropped
-
 
 def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tuple[str, float]]:
     """The ``count`` teams with the highest factors among ``teams`` (ties by name), highest
@@ -422,14 +413,6 @@ class Ordered:
         if self._queue is not None:
             return self._queue.team_rest(name)
         return [c for c in self._group[self._yielded :] if c.job.team == name]
-
-    def drop_team(self, name: str) -> list[Candidate]:
-        """Drop team ``name``'s candidates not yielded yet; those candidates."""
-        if self._queue is not None:
-            return self._queue.drop_team(name)
-        rest = self.rest()
-        self._group = [*self._group[: self._yielded], *(c for c in rest if c.job.team != name)]
-        return [c for c in rest if c.job.team == name]
 
 
 # --- the rules of the portal's policy ---------------------------------------------------------

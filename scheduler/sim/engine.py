@@ -52,7 +52,7 @@ from scheduler.model import (
     Snapshot,
     Team,
 )
-from scheduler.order import AgeKey, age_key, queued_at
+from scheduler.order import age_key, queued_at
 from scheduler.preempt import never_victim_once_starved
 from scheduler.runtimes import RECENT_RUNS, run_time_of, shape_of_job, team_key, user_key
 from scheduler.sim.cluster import TeamSpec, mig_compute_slices
@@ -255,11 +255,10 @@ class Replay:
         self._unseen: set[str] = set()  # arrived, never yet left pending by a pass
         self._history = _History()
         # In submit order (``order.age_key``), so the snapshot can say so
-        # (``Snapshot.pending_in_submit_order``): arrivals come in that order; a requeued
-        # victim keeps its first queueing time and is put back in its place before the next
-        # pass (``_in_order`` is off until then).
+        # (``Snapshot.pending_in_submit_order``): each instant's arrivals come after every
+        # job queued before it; a requeued victim keeps its first queueing time and is put
+        # back in its place before the next pass (``_in_order`` is off until then).
         self._pending: dict[str, Job] = {}
-        self._last_age: AgeKey | None = None  # the latest age key enqueued in order
         self._in_order = True
         self._running: dict[str, RunningJob] = {}
         self._owner: dict[str, str] = {}  # slice id -> job id
@@ -655,14 +654,10 @@ class Replay:
                 "in a preemption loop"
             )
         self._enqueue(live.job)
+        self._in_order = False  # (put behind jobs that queued after it)
 
     def _enqueue(self, job: Job) -> None:
         self._pending[job.id] = job
-        age = age_key(job)
-        if self._last_age is None or age > self._last_age:
-            self._last_age = age
-        else:
-            self._in_order = False
         wait = self._config.reclaim_wait_s
         if wait is not None and self._reclaim_on():
             key = (job.team, self._live[job.id].asks_units)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 import pytest
 from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
 
@@ -159,14 +161,14 @@ def test_a_team_that_no_job_of_its_keeps_within_its_guarantee_leaves_the_first_r
         teams=[Team("a", guaranteed=4.0), Team("b", guaranteed=4.0)],
     )
     dropped: list[list[str]] = []
-    drop_team = FairQueue.drop_team
+    keep_teams = FairQueue.keep_teams
 
-    def spy(self: FairQueue, name: str) -> list[Candidate]:
-        found = drop_team(self, name)
+    def spy(self: FairQueue, teams: Set[str]) -> list[Candidate]:
+        found = keep_teams(self, teams)
         dropped.append(sorted(c.job.id for c in found))
         return found
 
-    monkeypatch.setattr(FairQueue, "drop_team", spy)
+    monkeypatch.setattr(FairQueue, "keep_teams", spy)
     listed = decide(snap, explain=False)
     assert dropped == []
     lean = decide(snap, explain=False, list_pending=False)
