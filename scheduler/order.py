@@ -32,6 +32,7 @@ the work within guarantees, unless ``preempt_by_priority``.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections import deque
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, TypeVar
 from scheduler.cluster import Pool
 from scheduler.config import Cache, SchedulerConfig
 from scheduler.model import Job, Team
-from scheduler.quota import under_guarantee, within_guarantee
+from scheduler.quota import EPS, under_guarantee
 from scheduler.units import decayed_rate
 
 if TYPE_CHECKING:
@@ -75,6 +76,10 @@ Carried = tuple[Job, Candidate]
 
 # A candidate's submit order as a sort key (``Candidate.age``, ``age_key`` of its job).
 by_age: Callable[[Candidate], AgeKey] = attrgetter("age")
+
+
+def _queued(c: Candidate) -> float:
+    return c.age[0]
 
 
 def age_key(job: Job) -> AgeKey:
@@ -458,22 +463,33 @@ class FairShareRules:
         max_wait_s = self._config.max_wait_s
         since = -math.inf if max_wait_s is None else cycle.now - max_wait_s
         active: dict[str, set[str]] = {}
-        by_rank: dict[int, list[Candidate]] = {}
-        starving: list[Candidate] = []
+        seen_ranks: set[int] = set()
         for c in candidates:
             job = c.job
             users = active.get(job.team)
             if users is None:
-                users = active[job.team] = set()
-            users.add(job.user)
-            group = by_rank.get(c.rank)
-            if group is None:
-                group = by_rank[c.rank] = []
-            if c.age[0] <= since:
-                starving.append(c)
+                active[job.team] = {job.user}
             else:
-                group.append(c)
+                users.add(job.user)
+            seen_ranks.add(c.rank)
+        starving: list[Candidate]
+        if since == -math.inf:
+            starving, others = [], candidates
+        elif cycle.snapshot.pending_in_submit_order:
+            # The candidates are in the queue's order, so the jobs queued by ``since`` come
+            # first.
+            first = bisect.bisect_right(candidates, since, key=_queued)
+            starving, others = list(candidates[:first]), candidates[first:]
+        else:
+            starving = [c for c in candidates if c.age[0] <= since]
+            others = [c for c in candidates if c.age[0] > since]
         starving.sort(key=by_age)  # oldest first
+        by_rank: dict[int, list[Candidate]] = {rank: [] for rank in seen_ranks}
+        if len(by_rank) == 1:
+            by_rank[next(iter(by_rank))] = list(others)
+        else:
+            for c in others:
+                by_rank[c.rank].append(c)
         cycle.fair = self._standing(cycle, active)
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:
@@ -517,11 +533,14 @@ class FairShareRules:
         under = under_guarantee(cycle.pending_teams, ledger, cycle.teams)
         if not under:
             return [], list(group)
+        # ``quota.within_guarantee`` written out, with each team's figures looked up once:
+        # this runs for every job of the round.
+        bounds = {name: (ledger.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
         inside: list[Candidate] = []
         rest: list[Candidate] = []
         for c in group:
-            team = c.job.team
-            if team in under and within_guarantee(c, ledger.get(team, 0.0)):
+            found = bounds.get(c.job.team)
+            if found is not None and found[0] + c.minimum * c.unit <= found[1] + EPS:
                 inside.append(c)
             else:
                 rest.append(c)
