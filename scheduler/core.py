@@ -185,6 +185,9 @@ class Cycle:
         # seen to need (``_defer_team``).
         self.round_least: dict[str, float] = {}
         self.pending_teams: set[str] = set()  # the teams of the candidates (a listed queue)
+        # Each of those teams' users with candidates, and the classes of the candidates.
+        self.pending_users: dict[str, set[str]] = {}
+        self.pending_ranks: set[int] = set()
         self.under_guarantee: set[str] = set()  # teams with pending work, under guarantee
         # The teams whose jobs may still change a decision: None = all; SETTLED = none, and
         # the rest of the queue is only recorded, waiting with ``behind``.
@@ -259,7 +262,22 @@ class Cycle:
                 nominate, self.snapshot.pending, in_order=self.snapshot.pending_in_submit_order
             )
         candidates = nominate.every(self.snapshot.pending)
-        self.pending_teams = {c.job.team for c in candidates}
+        # One walk: each team with candidates, its users with some (fair share's standing
+        # asks for both) and the classes present.
+        users_of: dict[str, set[str]] = {}
+        ranks: set[int] = set()
+        for c in candidates:
+            job = c.job
+            users = users_of.get(job.team)
+            if users is None:
+                users_of[job.team] = {job.user}
+            else:
+                users.add(job.user)
+            ranks.add(c.rank)
+        self.pending_users, self.pending_ranks = users_of, ranks
+        self.pending_teams = set(users_of)
+        for name in self.pending_teams - self.teams.keys():
+            self.team(name)  # (an unknown team whose jobs were all carried: its defaults)
         self.under_guarantee = under_guarantee(self.pending_teams, self.ledger.team, self.teams)
         return candidates
 
@@ -320,6 +338,10 @@ class Cycle:
 
     def admit(self, c: Candidate) -> None:
         job = c.job
+        # This pass's record of the team (a carried candidate keeps the last pass's until
+        # the pass considers it: ``Nominator.every``). Every check that reads ``c.team``
+        # (room, guarantee, verdicts, victims) comes after this line.
+        c.team = self.teams.get(job.team) or self.team(job.team)
         if self.first_round and not within_guarantee(c, self.ledger.team.get(job.team, 0.0)):
             self.deferred.append(c)  # it would borrow after all: second round
             return

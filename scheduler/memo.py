@@ -61,7 +61,7 @@ from scheduler.backfill import Reservation
 from scheduler.cluster import ClusterShape, Placement, Pool
 from scheduler.config import Cache, SchedulerConfig
 from scheduler.model import Job, PendingCode, Reason, Team
-from scheduler.order import Candidate, Carried
+from scheduler.order import Candidate
 from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
 Key = tuple[object, ...]
@@ -260,13 +260,16 @@ class Carry:
 
     - ``Cache.CARRIED_CANDIDATES``: each pending job as the last pass made it a candidate
       (``scheduler.nominate``: its class, matching pools, minimum, unit and verdict shape),
-      by the job's identity, while the teams' highest classes are the same; the pass puts its
-      own team record in (usage and limits change between passes).
+      by the job's identity, while the teams' highest classes are the same. Its team record
+      (usage and limits change between passes) is replaced by the pass's own when the pass
+      considers the job (``Cycle.admit``, before any check reads it); a job the pass never
+      reaches keeps the last pass's, which nothing reads.
 
-    Invalidation contract. A candidate is kept under the ``id`` of its job object next to the
-    object itself, and taken only when the pass meets that very object again (``is``): jobs
-    are frozen, so an object that is still the same holds the same values, and keeping it
-    alive means its ``id`` is not reused while the entry exists. A job whose row changed is a
+    Invalidation contract. A candidate is kept under the ``id`` of its job object, and holds
+    the object itself (``Candidate.job``): while the entry exists the object stays alive, so
+    no other object can have that ``id``, and an entry found under a job's ``id`` is that
+    very job's (no check per job). Jobs are frozen, so an object that is still the same
+    holds the same values. A job whose row changed is a
     new object (a requeued or changed job; a shell that builds new objects each pass gains
     nothing) and is nominated afresh. What a candidate
     depends on besides its job is checked per pass: the cluster's shape (a new
@@ -285,7 +288,7 @@ class Carry:
     def __init__(self) -> None:
         self._shape: ClusterShape | None = None
         self._config: tuple[object, ...] = ()
-        self._candidates: dict[int, Carried] = {}
+        self._candidates: dict[int, Candidate] = {}
 
     def begin(
         self, shape: ClusterShape, config: SchedulerConfig, teams: Mapping[str, Team]
@@ -307,7 +310,7 @@ class Carry:
         """How many candidates are kept."""
         return len(self._candidates)
 
-    def candidates(self, caches: frozenset[Cache]) -> dict[int, Carried] | None:
+    def candidates(self, caches: frozenset[Cache]) -> dict[int, Candidate] | None:
         """The candidates kept so far, where this pass takes and keeps them (None with
         ``Cache.CARRIED_CANDIDATES`` off)."""
         if Cache.CARRIED_CANDIDATES not in caches:
@@ -321,9 +324,9 @@ class Carry:
         kept = self._candidates
         if len(kept) <= 2 * len(pending) + 256:
             return
-        fresh: dict[int, Carried] = {}
+        fresh: dict[int, Candidate] = {}
         for job in pending:
             found = kept.get(id(job))
-            if found is not None and found[0] is job:
+            if found is not None:
                 fresh[id(job)] = found
         self._candidates = fresh

@@ -26,7 +26,7 @@ from scheduler.model import (
     PendingCode,
     Team,
 )
-from scheduler.order import Candidate, Carried, age_key
+from scheduler.order import Candidate, age_key
 from scheduler.quota import Numbers
 
 
@@ -43,7 +43,7 @@ class Nominator:
         request_info: Callable[[GpuRequest], RequestInfo],
         dependency_states: Mapping[str, DependencyState],
         gate_classes: bool,
-        carried: dict[int, Carried] | None = None,
+        carried: dict[int, Candidate] | None = None,
     ) -> None:
         self.fail: list[Fail] = []
         self.parked: list[Left] = []
@@ -72,19 +72,17 @@ class Nominator:
             if waiting is not None:
                 self.parked.append(Left(job, PendingCode.DEPENDENCY, {"waiting_for": waiting}))
                 return None
-        team = self._teams.get(job.team)
-        if team is None:
-            team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
         carried = self._carried
         if carried is not None:
             found = carried.get(id(job))
             # The same job object (then the same values), over the same cluster, with the
-            # same class rules (``scheduler.memo.Carry``): the same candidate, but for the
-            # team's record (its usage and limits are the pass's).
-            if found is not None and found[0] is job:
-                c = found[1]
-                c.team = team
-                return c
+            # same class rules (``scheduler.memo.Carry``): the same candidate. (Its team
+            # record is the last pass's until ``Cycle.admit`` puts this pass's in.)
+            if found is not None:
+                return found
+        team = self._teams.get(job.team)
+        if team is None:
+            team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
         classes = self._classes
         rank = classes.get(job.priority, 0)
         if self._gate_classes:
@@ -111,33 +109,37 @@ class Nominator:
         )
         if carried is not None and not job.depends_on:
             # (a job with dependencies is nominated afresh each pass: their states change)
-            carried[id(job)] = (job, c)
+            carried[id(job)] = c
         return c
 
     def every(self, jobs: Sequence[Job]) -> list[Candidate]:
         """The candidates of ``jobs``, in their order (``candidate`` for each).
 
-        The jobs the last pass kept are taken without a call per job: in a long queue nearly
-        every job is one (only the arrivals since the last pass are not), and their
-        candidates need only this pass's team records (the checks ``candidate`` makes first
-        hold for them: jobs with dependencies are never kept)."""
+        The jobs the last pass kept are taken as they are, without a call per job: in a long
+        queue nearly every job is one (only the arrivals since the last pass are not). The
+        checks ``candidate`` makes first hold for them (jobs with dependencies are never
+        kept), and their team records, whose usage and limits are each pass's own, are put
+        in only for the jobs the pass considers (``Cycle.admit``): most of a long queue is
+        never considered."""
         carried = self._carried
         candidate = self.candidate
         if carried is None:
             return [c for c in map(candidate, jobs) if c is not None]
-        teams, team_of = self._teams.get, self._team_of
         carried_get = carried.get
-        made: list[Candidate] = []
+        # Every job carried (no arrival since the last pass, none parked): the candidates
+        # without a Python step per job. (``filter(None, ...)`` drops the misses: a candidate
+        # is never false, as it has neither ``__bool__`` nor ``__len__``.)
+        made = list(filter(None, map(carried_get, map(id, jobs))))
+        if len(made) == len(jobs):
+            return made
+        made = []
         for job in jobs:
-            found = carried_get(id(job))
-            if found is not None and found[0] is job:
-                c = found[1]
-                c.team = teams(job.team) or team_of(job.team)
-                made.append(c)
-            else:
-                fresh = candidate(job)  # (kept for the next pass if it may be)
-                if fresh is not None:
-                    made.append(fresh)
+            c = carried_get(id(job))
+            if c is None:
+                c = candidate(job)  # (kept for the next pass if it may be)
+                if c is None:
+                    continue
+            made.append(c)
         return made
 
     def _dependency(self, job: Job) -> str | None | bool:

@@ -70,10 +70,6 @@ class Candidate:
     age: AgeKey  # ``age_key(job)``, in submit order
 
 
-# A candidate a pass keeps for the next one (``scheduler.memo.Carry``): the job, the candidate.
-Carried = tuple[Job, Candidate]
-
-
 # A candidate's submit order as a sort key (``Candidate.age``, ``age_key`` of its job).
 by_age: Callable[[Candidate], AgeKey] = attrgetter("age")
 
@@ -456,22 +452,12 @@ class FairShareRules:
         a guarantee included: classes go first, and starving jobs before them all (and, once
         started, are no victims at all).
         """
-        # One walk over the queue (once per pass and pending job): each team's users with
-        # pending work (the standing), the jobs queued by ``since`` (now less ``max_wait_s``),
-        # and the others by class, each in the queue's order. (Every class keeps its group,
-        # though only starving jobs may be of it.)
+        # The jobs queued by ``since`` (now less ``max_wait_s``), and the others by class,
+        # each in the queue's order. (Every class present keeps its group, though only
+        # starving jobs may be of it: ``Cycle.nominate`` found the classes, and each team's
+        # users with pending work for the standing, in its walk over the queue.)
         max_wait_s = self._config.max_wait_s
         since = None if max_wait_s is None else cycle.now - max_wait_s
-        active: dict[str, set[str]] = {}
-        seen_ranks: set[int] = set()
-        for c in candidates:
-            job = c.job
-            users = active.get(job.team)
-            if users is None:
-                active[job.team] = {job.user}
-            else:
-                users.add(job.user)
-            seen_ranks.add(c.rank)
         starving: list[Candidate]
         if since is None:
             starving, others = [], candidates
@@ -484,13 +470,13 @@ class FairShareRules:
             starving = [c for c in candidates if c.age[0] <= since]
             others = [c for c in candidates if c.age[0] > since]
         starving.sort(key=by_age)  # oldest first
-        by_rank: dict[int, list[Candidate]] = {rank: [] for rank in seen_ranks}
+        by_rank: dict[int, list[Candidate]] = {rank: [] for rank in cycle.pending_ranks}
         if len(by_rank) == 1:
             by_rank[next(iter(by_rank))] = list(others)
         else:
             for c in others:
                 by_rank[c.rank].append(c)
-        cycle.fair = self._standing(cycle, active)
+        cycle.fair = self._standing(cycle, cycle.pending_users)
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:
             if starving:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from scheduler.cluster import Pool
 from scheduler.order import Candidate
-from scheduler.quota import under_guarantee, within_guarantee
+from scheduler.quota import EPS, under_guarantee
 
 if TYPE_CHECKING:
     from scheduler.core import Cycle
@@ -53,15 +53,22 @@ def thin(cycle: Cycle, jobs: Sequence[Candidate]) -> list[Candidate]:
     slice set aside in their pools by a reservation they may use: an upper bound of what
     ``Cycle._place`` offers) or may reclaim (within their team's guarantee)."""
     index = cycle.index
-    reclaim = cycle.config.reclaim
     team_held = cycle.ledger.team
+    # (held units, guarantee) of each team under its guarantee that may reclaim: the test of
+    # ``quota.within_guarantee`` with each team's figures looked up once (and from this
+    # pass's records: a carried candidate's own may be the last pass's, ``Nominator.every``)
+    bounds: dict[str, tuple[float, float]] = {}
+    if cycle.config.reclaim:
+        under = under_guarantee(cycle.pending_teams, team_held, cycle.teams)
+        bounds = {name: (team_held.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
     # (only set-aside slices with a known start are ever usable: none, nothing to count)
     aside = None if cycle.aside_latest is None else _aside_by_end(cycle)
     free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
     kept: list[Candidate] = []
     for c in jobs:
         job = c.job
-        if reclaim and within_guarantee(c, team_held.get(job.team, 0.0)):
+        found = bounds.get(job.team)
+        if found is not None and found[0] + c.minimum * c.unit <= found[1] + EPS:
             kept.append(c)
             continue
         pools = c.pools

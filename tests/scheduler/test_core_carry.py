@@ -134,3 +134,42 @@ def test_the_candidates_of_jobs_that_left_are_forgotten_once_they_outnumber_the_
     later = snapshot(nodes, [*queue[590:], job("p9999", count=1, at=9999.0)], [busy])
     schedule(later, now=NOW, config=EVERY, carry=carry)
     assert len(carry) == 11
+
+
+def test_a_carried_job_meets_this_passs_team_record() -> None:
+    # The carried candidate keeps the last pass's team record until the pass considers it:
+    # each check reads this pass's limit and guarantee.
+    nodes = (whole_node("n0", 2),)
+    capped = Team("a", limit=1.0)
+    snap = snapshot(nodes, [job("p0", count=2)], teams=[capped])
+    carry = Carry()
+    assert codes(schedule(snap, now=NOW, config=EVERY, carry=carry)) == {"p0": "QUOTA_LIMIT"}
+    raised = replace(snap, teams={**snap.teams, "a": replace(capped, limit=None)})
+    after = schedule(raised, now=NOW, config=EVERY, carry=carry)
+    assert [a.job_id for a in after.assign] == ["p0"]
+    assert after == schedule(raised, now=NOW, config=NONE)
+
+
+def test_a_carried_job_reclaims_once_its_team_is_given_a_guarantee() -> None:
+    nodes = (whole_node("n0", 2),)
+    borrowed = running(job("r", "b", count=2), ["n0-g0", "n0-g1"], borrowed=True)
+    snap = snapshot(nodes, [job("p0", count=2)], [borrowed], teams=[Team("a"), Team("b")])
+    carry = Carry()
+    first = schedule(snap, now=NOW, config=EVERY, carry=carry)
+    assert not first.preempt
+    guaranteed = replace(snap, teams={**snap.teams, "a": Team("a", guaranteed=2.0)})
+    after = schedule(guaranteed, now=NOW, config=EVERY, carry=carry)
+    assert [p.job_id for p in after.preempt] == ["r"]
+    assert after == schedule(guaranteed, now=NOW, config=NONE)
+
+
+def test_a_carried_job_of_a_team_the_snapshot_does_not_list_gets_the_defaults() -> None:
+    nodes = (whole_node("n0", 2),)
+    busy = running(job("r", "b", count=2), ["n0-g0", "n0-g1"])
+    listed = snapshot(nodes, [job("p0", "x", count=1)], [busy])
+    unlisted = replace(listed, teams={"b": listed.teams["b"]})
+    carry = Carry()
+    schedule(unlisted, now=NOW, config=EVERY, carry=carry)
+    after = schedule(unlisted, now=NOW, config=EVERY, carry=carry)
+    assert codes(after) == {"p0": "RESERVED"}
+    assert after == schedule(unlisted, now=NOW, config=NONE)
