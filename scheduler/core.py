@@ -47,7 +47,15 @@ from scheduler.model import (
     Team,
 )
 from scheduler.nominate import InSubmitOrder, Nominator
-from scheduler.order import Candidate, FairShare, FairShareRules, Ordered, age_key, by_age
+from scheduler.order import (
+    Candidate,
+    FairShare,
+    FairShareRules,
+    Ordered,
+    age_key,
+    by_age,
+    least_units,
+)
 from scheduler.preempt import Preemption
 from scheduler.quota import (
     EPS,
@@ -331,7 +339,7 @@ class Cycle:
         if least is not None and fits_guarantee(held, least, record):
             return  # a job that small was in the round when last looked: look again later
         rest = ordered.team_rest(team)
-        least = min((c.minimum * c.unit for c in rest), default=math.inf)
+        least = min(map(least_units, rest), default=math.inf)
         self.round_least[team] = least
         if not fits_guarantee(held, least, record):
             self.deferred += ordered.keep_teams(self.pending_teams - {team})
@@ -490,7 +498,7 @@ class Cycle:
             self.preempt.append(Preempt(victim.run.job.id, why, for_job_id=job.id))
             # Still held (and charged to its team and member) through its grace period.
             self.ledger.stop(victim.team, victim.units)
-        self.ledger.add(job, c.minimum * c.unit)
+        self.ledger.add(job, c.least)
         grace = self.config.grace_period_s
         numbers: Numbers = {"victims": len(victims), "grace_period_s": grace}
         entry = self.wait(c, PendingCode.WAITING_FOR_PREEMPTION, numbers)

@@ -104,8 +104,9 @@ class Nominator:
         # (no member: a verdict records which members it holds for, ``scheduler.memo``)
         shape = (job.team, info.pools, info.minimum, by_class, request.multi_node)
         age = age_key(job)
+        least = info.minimum * info.unit
         c = Candidate(
-            job, team, rank, info.pools, info.unit, info.minimum, request.count, shape, age
+            job, team, rank, info.pools, info.unit, info.minimum, request.count, shape, age, least
         )
         if carried is not None and not job.depends_on:
             # (a job with dependencies is nominated afresh each pass: their states change)

@@ -68,6 +68,20 @@ class Candidate:
     # see ``scheduler.memo``).
     shape: tuple[object, ...]
     age: AgeKey  # ``age_key(job)``, in submit order
+    least: float  # units of its smallest request (``minimum * unit``): what quota checks add
+
+
+# The units of a candidate's smallest request (``Candidate.least``).
+least_units: Callable[[Candidate], float] = attrgetter("least")
+
+
+class SubmitOrdered(list[Candidate]):
+    """Candidates known to be in submit order (by ``Candidate.age``): a queue the snapshot
+    promises in that order (``Snapshot.pending_in_submit_order``), or a part of one taken in
+    its order. A fair queue built over it takes each user's jobs as they come instead of
+    sorting them (``FairQueue``'s ``in_order``)."""
+
+    __slots__ = ()
 
 
 # A candidate's submit order as a sort key (``Candidate.age``, ``age_key`` of its job).
@@ -231,6 +245,7 @@ class FairQueue:
         now: float,
         aging_per_hour: float,
         yielded: list[_Entry[Candidate]] | None = None,
+        in_order: bool = False,
     ) -> None:
         self._fair = fair
         self._yielded = yielded  # each entry as it is yielded, when given (a ``Journal``)
@@ -246,10 +261,12 @@ class FairQueue:
             if user is None:
                 user = team.users[job.user] = _UserQueue(job.user, deque())
             user.jobs.append(c)
-        # Each user's jobs oldest first (age keys end with the job id: no two are equal).
-        for team in teams.values():
-            for user in team.users.values():
-                user.jobs = deque(sorted(user.jobs, key=by_age))
+        # Each user's jobs oldest first (age keys end with the job id: no two are equal), as
+        # they came when the candidates are in submit order.
+        if not in_order:
+            for team in teams.values():
+                for user in team.users.values():
+                    user.jobs = deque(sorted(user.jobs, key=by_age))
         self._teams = teams
         self._heap: list[tuple[float, AgeKey, str]] = []
         for team in teams.values():
@@ -326,13 +343,11 @@ class FairQueue:
         The kept teams' jobs come in the same relative order as before: a team's keys depend
         only on its own standing and its own jobs.
         """
-        dropped = [
-            c
-            for name, team in self._teams.items()
-            if name not in teams
-            for user in team.users.values()
-            for c in user.jobs
-        ]
+        dropped: list[Candidate] = []
+        for name, team in self._teams.items():
+            if name not in teams:
+                for user in team.users.values():
+                    dropped += user.jobs
         self._teams = {name: team for name, team in self._teams.items() if name in teams}
         self._heap[:] = [entry for entry in self._heap if entry[2] in teams]
         heapq.heapify(self._heap)
@@ -340,16 +355,20 @@ class FairQueue:
 
     def rest(self) -> list[Candidate]:
         """The candidates not yielded yet (in no particular order)."""
-        return [
-            c for team in self._teams.values() for user in team.users.values() for c in user.jobs
-        ]
+        rest: list[Candidate] = []
+        for team in self._teams.values():
+            for user in team.users.values():
+                rest += user.jobs
+        return rest
 
     def team_rest(self, name: str) -> list[Candidate]:
         """Team ``name``'s candidates not yielded yet (in no particular order)."""
+        rest: list[Candidate] = []
         team = self._teams.get(name)
-        if team is None:
-            return []
-        return [c for user in team.users.values() for c in user.jobs]
+        if team is not None:
+            for user in team.users.values():
+                rest += user.jobs
+        return rest
 
 
 def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tuple[str, float]]:
@@ -459,9 +478,10 @@ class FairShareRules:
         max_wait_s = self._config.max_wait_s
         since = None if max_wait_s is None else cycle.now - max_wait_s
         starving: list[Candidate]
+        in_order = cycle.snapshot.pending_in_submit_order
         if since is None:
             starving, others = [], candidates
-        elif cycle.snapshot.pending_in_submit_order:
+        elif in_order:
             # The candidates are in the queue's order, so the jobs queued by ``since`` come
             # first.
             first = bisect.bisect_right(candidates, since, key=_queued)
@@ -470,9 +490,10 @@ class FairShareRules:
             starving = [c for c in candidates if c.age[0] <= since]
             others = [c for c in candidates if c.age[0] > since]
         starving.sort(key=by_age)  # oldest first
-        by_rank: dict[int, list[Candidate]] = {rank: [] for rank in cycle.pending_ranks}
+        group = SubmitOrdered if in_order else list
+        by_rank: dict[int, list[Candidate]] = {rank: group() for rank in cycle.pending_ranks}
         if len(by_rank) == 1:
-            by_rank[next(iter(by_rank))] = list(others)
+            by_rank[next(iter(by_rank))] = group(others)
         else:
             for c in others:
                 by_rank[c.rank].append(c)
@@ -517,17 +538,18 @@ class FairShareRules:
         ledger = cycle.ledger.team
         # (the teams of every pending job: a superset of the group's, checked team by team)
         under = under_guarantee(cycle.pending_teams, ledger, cycle.teams)
+        kind = SubmitOrdered if isinstance(group, SubmitOrdered) else list  # (in its order)
         if not under:
-            return [], list(group)
+            return [], kind(group)
         # ``quota.within_guarantee`` written out, with each team's figures looked up once:
         # this runs for every job of the round (a call per job cost 2% of a long-queue
         # pass's instructions).
         bounds = {name: (ledger.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
-        inside: list[Candidate] = []
-        rest: list[Candidate] = []
+        inside: list[Candidate] = kind()
+        rest: list[Candidate] = kind()
         for c in group:
             found = bounds.get(c.job.team)
-            if found is not None and found[0] + c.minimum * c.unit <= found[1] + EPS:
+            if found is not None and found[0] + c.least <= found[1] + EPS:
                 inside.append(c)
             else:
                 rest.append(c)
@@ -578,8 +600,9 @@ class FairShareRules:
             cycle.first_round = True
             yield inside
             cycle.first_round = False
-        rest += cycle.deferred
-        cycle.deferred = []
+        if cycle.deferred:
+            rest = [*rest, *cycle.deferred]  # (no longer in submit order)
+            cycle.deferred = []
         return rest
 
     def order(self, cycle: Cycle, jobs: Sequence[Candidate]) -> Ordered:
@@ -596,6 +619,7 @@ class FairShareRules:
             now=cycle.now,
             aging_per_hour=self._config.aging_per_hour,
             yielded=journal.yielded if journal is not None else None,
+            in_order=isinstance(jobs, SubmitOrdered),
         )
         return Ordered(jobs, queue)
 

@@ -96,7 +96,7 @@ def within_guarantee(c: Candidate, held: float) -> bool:
     """Would ``c`` keep its team, holding ``held`` now, within its guarantee? (``fits_guarantee``
     for ``c``'s units, written out: a pass asks it for nearly every job it meets, and a
     call more cost 4% of a long-queue pass's instructions.)"""
-    return held + c.minimum * c.unit <= c.team.guaranteed + EPS
+    return held + c.least <= c.team.guaranteed + EPS
 
 
 def under_guarantee(
@@ -112,7 +112,7 @@ def room(c: Candidate, ledger: Ledger) -> float | Blocked:
     if team.budget_gpu_hours is not None and team.used_gpu_hours >= team.budget_gpu_hours:
         spent: Numbers = {"used_gpu_hours": team.used_gpu_hours, "budget": team.budget_gpu_hours}
         return (PendingCode.BUDGET_EXHAUSTED, spent)
-    needs = c.minimum * c.unit
+    needs = c.least
     left = math.inf
     if team.limit is not None:
         used = ledger.team.get(job.team, 0.0)
@@ -133,7 +133,7 @@ def member_room(c: Candidate, ledger: Ledger) -> float | Blocked:
     if member_limit is None:
         return math.inf
     used = ledger.user.get((job.team, job.user), 0.0)
-    needs = c.minimum * c.unit
+    needs = c.least
     if used + needs > member_limit + EPS:
         mine: Numbers = {"used": used, "limit": member_limit, "needs": needs}
         return (PendingCode.MEMBER_LIMIT, mine)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.cluster import Pool
-from scheduler.order import Candidate
+from scheduler.order import Candidate, SubmitOrdered
 from scheduler.quota import EPS, under_guarantee
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def thin(cycle: Cycle, jobs: Sequence[Candidate]) -> list[Candidate]:
     for c in jobs:
         job = c.job
         found = bounds.get(job.team)
-        if found is not None and found[0] + c.minimum * c.unit <= found[1] + EPS:
+        if found is not None and found[0] + c.least <= found[1] + EPS:
             kept.append(c)
             continue
         pools = c.pools
@@ -162,7 +162,7 @@ def narrow(cycle: Cycle, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
     scope = cycle.scope
     if scope is None:
         return jobs
-    inside: list[Candidate] = []
+    inside: list[Candidate] = SubmitOrdered() if isinstance(jobs, SubmitOrdered) else []
     outside: list[Candidate] = []
     for c in jobs:
         (inside if c.job.team in scope else outside).append(c)
