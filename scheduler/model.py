@@ -229,9 +229,10 @@ class Snapshot:
     # The shell's promise that ``pending`` is in submit order already (``order.age_key``
     # ascending): the FIFO baselines then take the queue as it comes instead of keying and
     # sorting it each pass, and fair share finds the jobs past the maximum wait at its head
-    # instead of testing every job. Off, the core sorts and tests; a false promise changes
-    # the order FIFO sees and which jobs fair share counts as past the maximum wait (never
-    # a limit or a placement's validity).
+    # instead of testing every job and takes each user's jobs as they come. Off, the core
+    # sorts and tests; a false promise changes the order FIFO sees, which jobs fair share
+    # counts as past the maximum wait and the order of a user's own jobs (never a limit or a
+    # placement's validity).
     pending_in_submit_order: bool = False
 
 

@@ -53,9 +53,11 @@ if TYPE_CHECKING:
 AgeKey = tuple[float, float, str]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Candidate:
-    """A pending job as one pass considers it (made in step 2, nominate)."""
+    """A pending job as one pass considers it (made in step 2, nominate). Each is its own:
+    two candidates are equal only if they are the same object (no comparison field by
+    field)."""
 
     job: Job
     team: Team

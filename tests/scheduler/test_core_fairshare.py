@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Set
+from dataclasses import replace
 
 import pytest
 from sched_builders import codes, decide, job, placed, running, snapshot, summary, whole_node
@@ -177,3 +178,20 @@ def test_a_team_that_no_job_of_its_keeps_within_its_guarantee_leaves_the_first_r
     # a reservation on the last free GPU, which a4 (no time limit) may not use.
     assert sorted(placed(lean)) == ["a1", "a2", "b1"]
     assert (lean.assign, lean.preempt, lean.fail) == (listed.assign, listed.preempt, listed.fail)
+
+
+@pytest.mark.parametrize("promised", [False, True])
+def test_a_job_the_first_round_defers_keeps_its_place_in_its_users_queue(promised: bool) -> None:
+    # a1 and a2 each fit team a's guarantee of 2 GPUs; a1 takes it, so a2 would borrow after
+    # all and moves to the borrowing round, where it is still older than a3 (4 GPUs, never
+    # within the guarantee): a2 goes first and a3 does not fit what is left. (Whether the
+    # shell promises its queue in submit order or not: the borrowing round's queue is the
+    # split's rest with the deferred jobs after it, which is no longer in that order.)
+    node = whole_node("n0", gpus=8)
+    busy = running(job("b1", "b", count=2), ["n0-g6", "n0-g7"])
+    queue = [job("a1", count=2, at=0), job("a2", count=2, at=1), job("a3", count=4, at=2)]
+    snap = snapshot([node], queue, [busy], teams=[Team("a", guaranteed=2.0), Team("b")])
+    snap = replace(snap, pending_in_submit_order=promised)
+    decisions = decide(snap)
+    assert sorted(placed(decisions)) == ["a1", "a2"]
+    assert codes(decisions)["a3"] != "FAIR_SHARE"
