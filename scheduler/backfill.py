@@ -28,7 +28,10 @@ from scheduler.quota import Held
 Release = tuple[float, int, int, tuple[Slice, ...]]
 # Where a one-node sweep for a need stopped: the event's position, each node's count up to
 # it, and the free slices each count began with (``_earliest``).
-Sweep = tuple[int, dict[int, int], dict[int, int]]
+# Where a one-node sweep stopped, each node's count up to there, the free slices each count
+# began with, and the free counts (``FreeIndex.buckets``) they were read from, with how many
+# of their changes had been read (``_Buckets.changed``).
+Sweep = tuple[int, dict[int, int], dict[int, int], object, int]
 _ID = attrgetter("id")
 
 
@@ -54,6 +57,10 @@ class Timeline:
         # began with. Kept while the pool's events stay as they are (``add`` drops them).
         # (None: ``Cache.SWEEPS`` off.)
         self._sweeps: dict[Pool, dict[int, Sweep]] | None = {} if sweeps else None
+        # Per pool, the positions of each node's events in ``events(pool)``, for the events
+        # indexed so far (how many: the second item), for ``released_on``; ``add`` drops a
+        # pool's, as its events move.
+        self._on_node: dict[Pool, tuple[dict[int, list[int]], int]] = {}
 
     @classmethod
     def of_held(cls, index: FreeIndex, held: Sequence[Held], *, sweeps: bool = True) -> Timeline:
@@ -74,6 +81,7 @@ class Timeline:
             return
         for pool, release in self._releases(end, slices, next(self._seq)):
             bisect.insort(self._events.setdefault(pool, []), release)
+            self._on_node.pop(pool, None)
             if self._sweeps is not None:
                 self._sweeps.pop(pool, None)
 
@@ -120,6 +128,31 @@ class Timeline:
             self._events = events
             self._pending = []
         return self._events.get(pool, [])
+
+    def released_on(self, pool: Pool, last: int, node: int, need: int) -> list[Slice]:
+        """The first ``need`` slices released on ``node`` by the event at ``last`` of
+        ``events(pool)``. Each node's events are indexed as far as a call has asked, so a
+        pass's many calls (one per reservation) read each event of the pool once, not once
+        per call."""
+        events = self.events(pool)
+        on_node, indexed = self._on_node.get(pool) or ({}, 0)
+        if indexed <= last:
+            for at in range(indexed, last + 1):
+                found = on_node.get(events[at][1])
+                if found is None:
+                    on_node[events[at][1]] = [at]
+                else:
+                    found.append(at)
+            indexed = last + 1
+        self._on_node[pool] = (on_node, indexed)
+        out: list[Slice] = []
+        for at in on_node.get(node, ()):
+            if at > last:
+                break
+            out += events[at][3]
+            if len(out) >= need:
+                break
+        return out[:need]
 
 
 @dataclass(slots=True)
@@ -220,7 +253,7 @@ def _earliest(
             had += len(items)
             counts[node] = had
             if had >= need:
-                return (end, node, _released_on(events, at, node, need))
+                return (end, node, timeline.released_on(pool, at, node, need))
         return None
     # Within a pass no node gains free slices and no node's count at an event grows (a
     # placed job's release comes with the slices it took; ``Timeline.add`` drops the sweeps
@@ -236,17 +269,27 @@ def _earliest(
     kept = None if sweeps is None else sweeps.get(need)
     frees: dict[int, int] = {}  # each node's free slices as its count took them
     start = 0
+    read = 0 if buckets is None else len(buckets.changed)
     if kept is not None:
-        start, counts, frees = kept
+        start, counts, frees, seen, mark = kept
         get = counts.get
-        for node, had_free in frees.items():
+        # Only the nodes whose free count changed since (each node of the sweep when the
+        # counts are a new object): the correction is by difference, so a node changed twice
+        # is corrected once and then found equal.
+        changed = frees if seen is not buckets or buckets is None else buckets.changed[mark:]
+        for node in changed:
+            had_free = frees.get(node)
+            if had_free is None:
+                continue
             now_free = free_on.get(node, 0)
             if now_free != had_free:
                 counts[node] += now_free - had_free
                 frees[node] = now_free
         end, node, _, _ = events[start]
         if counts[node] >= need:
-            return (end, node, _released_on(events, start, node, need))
+            if sweeps is not None:
+                sweeps[need] = (start, counts, frees, buckets, read)
+            return (end, node, timeline.released_on(pool, start, node, need))
         start += 1
     for at in range(start, len(events)):
         end, node, _, items = events[at]
@@ -257,20 +300,11 @@ def _earliest(
         counts[node] = had
         if had >= need:
             if sweeps is not None:
-                sweeps[need] = (at, counts, frees)
-            return (end, node, _released_on(events, at, node, need))
+                sweeps[need] = (at, counts, frees, buckets, read)
+            return (end, node, timeline.released_on(pool, at, node, need))
     if sweeps is not None:
-        sweeps[need] = (len(events) - 1, counts, frees)
+        sweeps[need] = (len(events) - 1, counts, frees, buckets, read)
     return None
-
-
-def _released_on(events: Sequence[Release], last: int, node: int, need: int) -> list[Slice]:
-    """The first ``need`` slices released on ``node`` by the event at ``last``."""
-    out: list[Slice] = []
-    for _, on, _, items in events[: last + 1]:
-        if on == node:
-            out.extend(items)
-    return out[:need]
 
 
 def _top_up(

@@ -237,10 +237,13 @@ class _Buckets:
     they reach the top. Best fit for ``k`` = the smallest live ``c >= k``, lowest node number.
     """
 
-    __slots__ = ("count", "heaps", "top")
+    __slots__ = ("count", "heaps", "top", "changed")
 
     def __init__(self, count: dict[int, int]) -> None:
         self.count = count
+        # Every node whose count was set, in order (a sweep kept between calls reads only
+        # those since it last looked: ``scheduler.backfill._earliest``).
+        self.changed: list[int] = []
         self.heaps: dict[int, list[int]] = {}
         for node in sorted(count):
             if count[node] > 0:
@@ -249,6 +252,7 @@ class _Buckets:
 
     def set(self, node: int, value: int) -> None:
         self.count[node] = value
+        self.changed.append(node)
         if value > 0:
             heapq.heappush(self.heaps.setdefault(value, []), node)
             if value > self.top:
