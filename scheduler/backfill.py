@@ -17,7 +17,6 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from scheduler.cluster import FreeIndex, Placement, Pool
 from scheduler.model import Slice, SliceKind
@@ -26,13 +25,11 @@ from scheduler.quota import Held
 # (end time, node number, sequence number, slices of one pool that come free then); the
 # sequence number keeps tuples comparable without ever comparing slices.
 Release = tuple[float, int, int, tuple[Slice, ...]]
-# Where a one-node sweep for a need stopped: the event's position, each node's count up to
-# it, and the free slices each count began with (``_earliest``).
-# Where a one-node sweep stopped, each node's count up to there, the free slices each count
-# began with, and the free counts (``FreeIndex.buckets``) they were read from, with how many
-# of their changes had been read (``_Buckets.changed``).
+# Where a one-node sweep for a need stopped (``_earliest``): the event's position, each
+# node's count up to there, the free slices each count began with, and the free counts
+# (``FreeIndex.buckets``) they were read from, with how many of their changes had been read
+# (``_Buckets.changed``).
 Sweep = tuple[int, dict[int, int], dict[int, int], object, int]
-_ID = attrgetter("id")
 
 
 class Timeline:
@@ -92,11 +89,14 @@ class Timeline:
         node_of, pool_of_id = shape.slice_node, shape.slice_pool
         first = slices[0].id
         pool, node = pool_of_id[first], node_of[first]
-        ids = list(map(_ID, slices))
-        if all(map(pool.__eq__, map(pool_of_id.__getitem__, ids))) and all(
-            map(node.__eq__, map(node_of.__getitem__, ids))
-        ):
-            return [(pool, (end, node, seq, tuple(slices)))]  # the usual: one pool, one node
+        # The usual: one pool, one node (a plain loop: a third of the cost of mapping the
+        # tuples' and ints' ``__eq__`` over the ids).
+        for item in slices:
+            item_id = item.id
+            if pool_of_id[item_id] != pool or node_of[item_id] != node:
+                break
+        else:
+            return [(pool, (end, node, seq, tuple(slices)))]
         groups: dict[tuple[Pool, int], list[Slice]] = {}
         for item in slices:
             groups.setdefault((pool_of_id[item.id], node_of[item.id]), []).append(item)
