@@ -188,7 +188,9 @@ def reserve(
     if best is not None:
         at, node, pool, released = best
         placement = _top_up(index, pool, team, node, need - len(released), multi_node)
-        return _set_aside(index, job_id, at, pool, placement, team, released)
+        # (the slices released on one node are that node's; a multi-node gang's, any)
+        on = {node} if node >= 0 and released else None
+        return _set_aside(index, job_id, at, pool, placement, team, released, on)
     return _reserve_unknown(index, job_id, pools, team, need, multi_node)
 
 
@@ -327,11 +329,17 @@ def _set_aside(
     placement: Placement,
     team: str,
     released: Sequence[Slice],
+    released_on: set[int] | None = None,
 ) -> Reservation:
+    """The reservation of ``placement`` (free now, taken out of ``index``) and ``released``
+    (the slices coming free by ``at``; ``released_on``: their nodes, when the caller knows)."""
     kept: list[Slice] = []
     by_node: dict[tuple[Pool, int], int] = {}
-    node_of = index.shape.slice_node
-    nodes = {node_of[s.id] for s in released}
+    if released_on is not None:
+        nodes = released_on
+    else:
+        node_of = index.shape.slice_node
+        nodes = {node_of[s.id] for s in released}
     for node, items in placement:
         for item in items:
             index.remove(item, team)
