@@ -138,9 +138,10 @@ class Timeline:
         on_node, indexed = self._on_node.get(pool) or ({}, 0)
         if indexed <= last:
             for at in range(indexed, last + 1):
-                found = on_node.get(events[at][1])
+                at_node = events[at][1]
+                found = on_node.get(at_node)
                 if found is None:
-                    on_node[events[at][1]] = [at]
+                    on_node[at_node] = [at]
                 else:
                     found.append(at)
             indexed = last + 1

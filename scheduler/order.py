@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, TypeVar
 from scheduler.cluster import Pool
 from scheduler.config import Cache, SchedulerConfig
 from scheduler.model import Job, Team
-from scheduler.quota import EPS, under_guarantee
+from scheduler.quota import EPS, guarantee_figures
 from scheduler.units import decayed_rate
 
 if TYPE_CHECKING:
@@ -84,6 +84,12 @@ class SubmitOrdered(list[Candidate]):
     sorting them (``FairQueue``'s ``in_order``)."""
 
     __slots__ = ()
+
+
+def like(jobs: Sequence[Candidate], items: Iterable[Candidate] = ()) -> list[Candidate]:
+    """A new list of ``items``, marked ``SubmitOrdered`` when ``jobs`` is (for a part of
+    ``jobs`` taken in its order)."""
+    return SubmitOrdered(items) if isinstance(jobs, SubmitOrdered) else list(items)
 
 
 # A candidate's submit order as a sort key (``Candidate.age``, ``age_key`` of its job).
@@ -345,11 +351,7 @@ class FairQueue:
         The kept teams' jobs come in the same relative order as before: a team's keys depend
         only on its own standing and its own jobs.
         """
-        dropped: list[Candidate] = []
-        for name, team in self._teams.items():
-            if name not in teams:
-                for user in team.users.values():
-                    dropped += user.jobs
+        dropped = _jobs_of(team for name, team in self._teams.items() if name not in teams)
         self._teams = {name: team for name, team in self._teams.items() if name in teams}
         self._heap[:] = [entry for entry in self._heap if entry[2] in teams]
         heapq.heapify(self._heap)
@@ -357,20 +359,22 @@ class FairQueue:
 
     def rest(self) -> list[Candidate]:
         """The candidates not yielded yet (in no particular order)."""
-        rest: list[Candidate] = []
-        for team in self._teams.values():
-            for user in team.users.values():
-                rest += user.jobs
-        return rest
+        return _jobs_of(self._teams.values())
 
     def team_rest(self, name: str) -> list[Candidate]:
         """Team ``name``'s candidates not yielded yet (in no particular order)."""
-        rest: list[Candidate] = []
         team = self._teams.get(name)
-        if team is not None:
-            for user in team.users.values():
-                rest += user.jobs
-        return rest
+        return [] if team is None else _jobs_of([team])
+
+
+def _jobs_of(teams: Iterable[_TeamQueue]) -> list[Candidate]:
+    """The jobs still in ``teams``' queues, a user's queue at a time (``list +=`` of a deque,
+    not a step per job)."""
+    jobs: list[Candidate] = []
+    for team in teams:
+        for user in team.users.values():
+            jobs += user.jobs
+    return jobs
 
 
 def leading_teams(fair: FairShare, teams: Iterable[str], count: int) -> list[tuple[str, float]]:
@@ -537,18 +541,11 @@ class FairShareRules:
     def _split(cycle: Cycle, group: list[Candidate]) -> tuple[list[Candidate], list[Candidate]]:
         """The jobs of ``group`` that keep their team within its guarantee, as of now, and
         the others (each in ``group``'s order)."""
-        ledger = cycle.ledger.team
         # (the teams of every pending job: a superset of the group's, checked team by team)
-        under = under_guarantee(cycle.pending_teams, ledger, cycle.teams)
-        kind = SubmitOrdered if isinstance(group, SubmitOrdered) else list  # (in its order)
-        if not under:
-            return [], kind(group)
-        # ``quota.within_guarantee`` written out, with each team's figures looked up once:
-        # this runs for every job of the round (a call per job cost 2% of a long-queue
-        # pass's instructions).
-        bounds = {name: (ledger.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
-        inside: list[Candidate] = kind()
-        rest: list[Candidate] = kind()
+        bounds = guarantee_figures(cycle.pending_teams, cycle.ledger.team, cycle.teams)
+        if not bounds:
+            return [], like(group, group)
+        inside, rest = like(group), like(group)
         for c in group:
             found = bounds.get(c.job.team)
             if found is not None and found[0] + c.least <= found[1] + EPS:

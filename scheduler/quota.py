@@ -106,6 +106,19 @@ def under_guarantee(
     return {name for name in names if ledger.get(name, 0.0) < team_of[name].guaranteed - EPS}
 
 
+def guarantee_figures(
+    names: Iterable[str], ledger: Mapping[str, float], team_of: Mapping[str, Team]
+) -> dict[str, tuple[float, float]]:
+    """(units held, guarantee) of each team of ``names`` under its guarantee: for a walk over
+    many jobs that writes ``within_guarantee`` out as ``held + c.least <= guarantee + EPS``
+    with each team's figures looked up once (a call per job cost 2 to 4% of a long-queue
+    pass's instructions)."""
+    return {
+        name: (ledger.get(name, 0.0), team_of[name].guaranteed)
+        for name in under_guarantee(names, ledger, team_of)
+    }
+
+
 def room(c: Candidate, ledger: Ledger) -> float | Blocked:
     """Units ``c`` may still take (``math.inf``: no limit), or why it may take none."""
     team, job = c.team, c.job

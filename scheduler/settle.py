@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from scheduler.cluster import Pool
-from scheduler.order import Candidate, SubmitOrdered
-from scheduler.quota import EPS, under_guarantee
+from scheduler.order import Candidate, like
+from scheduler.quota import EPS, guarantee_figures, under_guarantee
 
 if TYPE_CHECKING:
     from scheduler.core import Cycle
@@ -54,13 +54,11 @@ def thin(cycle: Cycle, jobs: Sequence[Candidate]) -> list[Candidate]:
     ``Cycle._place`` offers) or may reclaim (within their team's guarantee)."""
     index = cycle.index
     team_held = cycle.ledger.team
-    # (held units, guarantee) of each team under its guarantee that may reclaim: the test of
-    # ``quota.within_guarantee`` with each team's figures looked up once (and from this
-    # pass's records: a carried candidate's own may be the last pass's, ``Nominator.every``)
+    # The teams under their guarantee, whose jobs may reclaim (from this pass's records: a
+    # carried candidate's own may be the last pass's, ``Nominator.every``).
     bounds: dict[str, tuple[float, float]] = {}
     if cycle.config.reclaim:
-        under = under_guarantee(cycle.pending_teams, team_held, cycle.teams)
-        bounds = {name: (team_held.get(name, 0.0), cycle.teams[name].guaranteed) for name in under}
+        bounds = guarantee_figures(cycle.pending_teams, team_held, cycle.teams)
     # (only set-aside slices with a known start are ever usable: none, nothing to count)
     aside = None if cycle.aside_latest is None else _aside_by_end(cycle)
     free: dict[tuple[tuple[Pool, ...], str, bool], int] = {}
@@ -162,7 +160,7 @@ def narrow(cycle: Cycle, jobs: Sequence[Candidate]) -> Sequence[Candidate]:
     scope = cycle.scope
     if scope is None:
         return jobs
-    inside: list[Candidate] = SubmitOrdered() if isinstance(jobs, SubmitOrdered) else []
+    inside = like(jobs)
     outside: list[Candidate] = []
     for c in jobs:
         (inside if c.job.team in scope else outside).append(c)

@@ -184,7 +184,8 @@ def test_a_team_that_no_job_of_its_keeps_within_its_guarantee_leaves_the_first_r
 def test_a_job_the_first_round_defers_keeps_its_place_in_its_users_queue(promised: bool) -> None:
     # a1 and a2 each fit team a's guarantee of 2 GPUs; a1 takes it, so a2 would borrow after
     # all and moves to the borrowing round, where it is still older than a3 (4 GPUs, never
-    # within the guarantee): a2 goes first and a3 does not fit what is left. (Whether the
+    # within the guarantee): a2 goes first and a3 does not fit what is left, so it holds the
+    # borrowing round's reservation. (Whether the
     # shell promises its queue in submit order or not: the borrowing round's queue is the
     # split's rest with the deferred jobs after it, which is no longer in that order.)
     node = whole_node("n0", gpus=8)
@@ -194,4 +195,4 @@ def test_a_job_the_first_round_defers_keeps_its_place_in_its_users_queue(promise
     snap = replace(snap, pending_in_submit_order=promised)
     decisions = decide(snap)
     assert sorted(placed(decisions)) == ["a1", "a2"]
-    assert codes(decisions)["a3"] != "FAIR_SHARE"
+    assert codes(decisions) == {"a3": "RESERVED"}
