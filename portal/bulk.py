@@ -18,7 +18,7 @@ attempt a report is about), and ``updated_pks`` says which rows the guards let t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -88,12 +88,11 @@ def _update(
     returning = bool(matched)
     updated = 0
     pks: list[int] = []
+    encode = _row_encoder(pk_column, fields, matched)
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
-            payload = json.dumps(
-                [_json_row(pk_column, [*fields, *matched], row, len(matched)) for row in chunk]
-            )
+            payload = json.dumps([encode(row) for row in chunk])
             params: list[Any] = [payload] if where_state is None else [payload, where_state]
             cursor.execute(sql, params)
             if returning:
@@ -266,13 +265,25 @@ def _sqlite_sql(
     )
 
 
-def _json_row(pk_column: str, fields: list[Any], row: tuple[Any, ...], matched: int = 0) -> Any:
+def _row_encoder(
+    pk_column: str, fields: list[Any], matched: list[Any]
+) -> Callable[[tuple[Any, ...]], Any]:
+    """What one row of ``_update`` becomes in its JSON parameter (a pass sends thousands)."""
     if connection.vendor == "postgresql":
         # jsonb_to_recordset reads objects keyed by column name (match columns as match_*).
-        names = [pk_column, *(f.column for f in fields[: len(fields) - matched])]
-        names += [f"match_{f.column}" for f in fields[len(fields) - matched :]]
-        return {name: _pg_value(value) for name, value in zip(names, row, strict=True)}
-    return [row[0], *(_sqlite_value(f, v) for f, v in zip(fields, row[1:], strict=True))]
+        names = [pk_column, *(f.column for f in fields)]
+        names += [f"match_{f.column}" for f in matched]
+
+        def pg_row(row: tuple[Any, ...]) -> Any:
+            return dict(zip(names, map(_pg_value, row), strict=True))
+
+        return pg_row
+    every = [*fields, *matched]
+
+    def sqlite_row(row: tuple[Any, ...]) -> Any:
+        return [row[0], *(_sqlite_value(f, v) for f, v in zip(every, row[1:], strict=True))]
+
+    return sqlite_row
 
 
 def _pg_value(value: Any) -> Any:

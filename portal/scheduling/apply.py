@@ -19,6 +19,7 @@ that committed between the snapshot and now) is left alone instead of overwritte
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,6 +28,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
 
 from portal.bulk import insert_rows, update_rows
 from portal.jobs.attempts import StopAsked, StopWanted, attempt_request_stops
@@ -57,6 +60,9 @@ _EXPLANATION_COLUMNS = (
     "estimated_start_earliest_at",
     "estimated_start_latest_at",
 )
+# Where the numbers are in a row of (pk, *explanation), and the columns beside them.
+_NUMBERS = 1 + _EXPLANATION_COLUMNS.index("pending_numbers")
+_OTHER_COLUMNS = tuple(c for c in _EXPLANATION_COLUMNS if c != "pending_numbers")
 _ASSIGN_COLUMNS = ("attempt", "node", "borrowed", "assigned_at", *_EXPLANATION_COLUMNS)
 
 
@@ -280,13 +286,23 @@ def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
     # pending jobs about 100 ms (encoding them, then the server joining and comparing); the
     # stored explanations read back cost about a fifth of that. The UPDATE still compares,
     # for a row that changed between that read and this write.
-    stored = dict(
-        (pk, tuple(explanation))
-        for pk, *explanation in Job.objects.filter(state=JobState.PENDING).values_list(
-            "pk", *_EXPLANATION_COLUMNS
-        )
-    )
-    changed = [row for row in rows if stored.get(row[0]) != row[1:]]
+    # The numbers are read as the text the database holds and decoded only for a row whose
+    # other columns are the same (a row that changed elsewhere is sent whatever its numbers).
+    stored = {
+        pk: (tuple(explanation), numbers)
+        for pk, numbers, *explanation in Job.objects.filter(state=JobState.PENDING)
+        .annotate(numbers_text=Cast("pending_numbers", TextField()))
+        .values_list("pk", "numbers_text", *_OTHER_COLUMNS)
+    }
+    changed = []
+    for row in rows:
+        found = stored.get(row[0])
+        if (
+            found is None
+            or found[0] != row[1:_NUMBERS] + row[_NUMBERS + 1 :]
+            or (json.loads(found[1]) if found[1] is not None else None) != row[_NUMBERS]
+        ):
+            changed.append(row)
     return update_rows(
         Job, _EXPLANATION_COLUMNS, changed, where_state=JobState.PENDING, only_changed=True
     )

@@ -277,6 +277,37 @@ def test_a_second_pass_sends_no_explanation_that_did_not_change(
     assert cleared.pending_code == kept.pending_code != ""
 
 
+def test_a_second_pass_sends_an_explanation_whose_numbers_alone_changed(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    # The stored numbers are compared too (read as text, decoded when the rest is equal).
+    team, alice = vision
+    register_node(NODE)
+    kept = make_job(name="mig", team=team, user=alice, gpu_kind="mig", gpu_profile="7g.80gb")
+    touched = make_job(name="mig-2", team=team, user=alice, gpu_kind="mig", gpu_profile="7g.80gb")
+    now = timezone.now()
+    _run_pass(django_capture_on_commit_callbacks, now=now)
+    stored = Job.objects.get(pk=touched.pk).pending_numbers
+    assert stored  # (the pass explained it with numbers)
+    Job.objects.filter(pk=touched.pk).update(pending_numbers={**stored, "needs": -1})
+    sent_rows = []
+    real_update_rows = apply.update_rows
+
+    def recording(model, columns, rows, **kwargs):
+        if model is Job and "pending_code" in columns:
+            sent_rows.extend(row[0] for row in rows)
+        return real_update_rows(model, columns, rows, **kwargs)
+
+    monkeypatch.setattr(apply, "update_rows", recording)
+    second, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+
+    assert sent_rows == [touched.pk]
+    assert second.explanations_written == 1
+    kept.refresh_from_db()
+    touched.refresh_from_db()
+    assert touched.pending_numbers == kept.pending_numbers == stored
+
+
 def test_a_second_pass_writes_no_explanation_that_did_not_change(
     vision, django_capture_on_commit_callbacks
 ):
