@@ -16,7 +16,7 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import IsAuthenticated
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -24,6 +24,7 @@ from rest_framework.views import APIView
 from portal.api.auth import ADMIN, SUBMIT, PortalTokenAuthentication, TokenScopes, plan_counting
 from portal.api.errors import api_exception_handler
 from portal.api.guards import BIGINT_MAX, PortalJSONParser, check_query_params, whole_number
+from portal.api.renderers import FastJSONRenderer
 from portal.api.serializers import (
     JOB_SUMMARY_COLUMNS,
     ArrayDetailSerializer,
@@ -92,7 +93,7 @@ class PortalAPIView(APIView):
     write_scope = ADMIN
     # JSON, with no NUL, lone surrogate or absurd nesting anywhere in it (portal/api/guards.py).
     parser_classes = [PortalJSONParser]
-    renderer_classes = [JSONRenderer]
+    renderer_classes = [FastJSONRenderer]
 
     def get_exception_handler(self) -> Any:
         return api_exception_handler
@@ -335,7 +336,7 @@ class PlainTextRenderer(BaseRenderer):
 
 class JobLogView(PortalAPIView):
     # text/plain comes first, so it is what a client that accepts anything (curl) gets.
-    renderer_classes = [PlainTextRenderer, JSONRenderer]
+    renderer_classes = [PlainTextRenderer, FastJSONRenderer]
 
     @extend_schema(
         summary="A job's output",
