@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--history", type=int, default=20_000, help="ended jobs in the table")
     parser.add_argument("--users", type=int, default=200, help="members, one token each")
     parser.add_argument(
-        "--web-workers", type=int, help="gunicorn workers (default: 2 per core + 1, as runportal)"
+        "--web-workers", type=int, help="gunicorn workers (default: 1 per core + 1, as runportal)"
     )
     parser.add_argument(
         "--web-threads", type=int, default=4, help="threads per gunicorn worker (runportal: 4)"

@@ -59,13 +59,18 @@ def broker_spec(*, socket_path: Path, env: Mapping[str, str]) -> ChildSpec:
 
 
 def web_workers_for_cores(cores: int | None = None) -> int:
-    """Gunicorn's own rule for its worker processes: two per core, plus one.
+    """The web worker processes: one per core, plus one.
 
     Each worker runs its requests on a few threads (gthread), so one waiting on the database
     does not hold the others back; the processes are what uses the cores, since Python runs
-    one thread of a process at a time.
+    one thread of a process at a time. Gunicorn's rule for workers of one thread, two per
+    core plus one, left five processes of four threads each on two cores shared with
+    PostgreSQL and the control plane: more switching between them and less done
+    (`make bench-api` on the 2-core machine, 5 workers against 3 in turn, twice: a page of
+    50 jobs 827 and 758 against 875 and 835 req/s, submits 756 and 481 req/s with a p99 of
+    82 and 120 ms against 718 and 602 req/s, 63 and 89 ms; docs/benchmarks.md).
     """
-    return 2 * max(1, cores if cores is not None else (os.cpu_count() or 1)) + 1
+    return max(1, cores if cores is not None else (os.cpu_count() or 1)) + 1
 
 
 def web_metrics_dir(var_dir: Path) -> Path:

@@ -54,7 +54,7 @@ class Command(BaseCommand):
             "--workers",
             type=int,
             default=processes.web_workers_for_cores(),
-            help="web server processes (1 to 64; default: 2 per core + 1, here %(default)s)",
+            help="web server processes (1 to 64; default: 1 per core + 1, here %(default)s)",
         )
         parser.add_argument(
             "--threads", type=int, default=4, help="web server threads per process (2 to 16)"
