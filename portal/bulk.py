@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
 from django.db import connection, models
 
 _ROWS_PER_STATEMENT = 5_000
@@ -92,7 +93,7 @@ def _update(
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
-            payload = json.dumps([encode(row) for row in chunk])
+            payload = encode(chunk)
             params: list[Any] = [payload] if where_state is None else [payload, where_state]
             cursor.execute(sql, params)
             if returning:
@@ -135,6 +136,7 @@ def insert_rows(
     if sql is None:
         sql = _insert_sql(model, fields, on_conflict)
         _statements[key] = sql
+    names = [f.column for f in fields]
     if connection.vendor != "postgresql":
         # Numbers, text, booleans and NULL go as they are; JSON and times as SQLite stores them.
         params: Sequence[Sequence[Any]] = rows
@@ -148,7 +150,7 @@ def insert_rows(
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]
-            cursor.execute(sql, [json.dumps([_json_values(fields, row) for row in chunk])])
+            cursor.execute(sql, [_pg_payload(names, chunk)])
 
 
 # The SQL of each shape of statement (model, columns, guards), built once per process:
@@ -198,9 +200,12 @@ def _upsert_sql(
     return f" ON CONFLICT ({keys}) DO UPDATE SET {', '.join(updates)}"
 
 
-def _json_values(fields: list[Any], row: tuple[Any, ...]) -> Any:
-    # jsonb_to_recordset reads objects keyed by column name.
-    return {f.column: _pg_value(v) for f, v in zip(fields, row, strict=True)}
+def _pg_payload(names: Sequence[str], rows: Sequence[tuple[Any, ...]]) -> str:
+    """The JSON parameter ``jsonb_to_recordset`` unpacks: one object per row, keyed by column
+    name. orjson writes times as ISO 8601 text (as ``isoformat``, which PostgreSQL reads), JSON
+    values as they are, and a pass's ten thousand rows about ten times faster than the
+    ``json`` module with a conversion per value."""
+    return orjson.dumps([dict(zip(names, row, strict=True)) for row in rows]).decode()
 
 
 def _postgres_sql(
@@ -267,27 +272,24 @@ def _sqlite_sql(
 
 def _row_encoder(
     pk_column: str, fields: list[Any], matched: list[Any]
-) -> Callable[[tuple[Any, ...]], Any]:
-    """What one row of ``_update`` becomes in its JSON parameter (a pass sends thousands)."""
+) -> Callable[[Sequence[tuple[Any, ...]]], str]:
+    """The JSON parameter of ``_update`` for some of its rows (a pass sends thousands)."""
     if connection.vendor == "postgresql":
         # jsonb_to_recordset reads objects keyed by column name (match columns as match_*).
         names = [pk_column, *(f.column for f in fields)]
         names += [f"match_{f.column}" for f in matched]
-
-        def pg_row(row: tuple[Any, ...]) -> Any:
-            return dict(zip(names, map(_pg_value, row), strict=True))
-
-        return pg_row
+        return lambda rows: _pg_payload(names, rows)
     every = [*fields, *matched]
 
-    def sqlite_row(row: tuple[Any, ...]) -> Any:
-        return [row[0], *(_sqlite_value(f, v) for f, v in zip(every, row[1:], strict=True))]
+    def sqlite_rows(rows: Sequence[tuple[Any, ...]]) -> str:
+        return json.dumps(
+            [
+                [row[0], *(_sqlite_value(f, v) for f, v in zip(every, row[1:], strict=True))]
+                for row in rows
+            ]
+        )
 
-    return sqlite_row
-
-
-def _pg_value(value: Any) -> Any:
-    return value.isoformat() if isinstance(value, datetime) else value
+    return sqlite_rows
 
 
 def _sqlite_value(field: Any, value: Any) -> Any:
