@@ -20,6 +20,11 @@ ended job: ``wait`` then waits for a state it never reaches and stops at its tim
 
     python -m bench.client_poll [--polls 200] [--poll 0.05] [--url ... --token ... --job N]
 
+Against a running portal ``--polls`` is 50 unless given: the five measurements make about
+five times ``--polls`` requests within the minute, and the API's rate limit per token
+(``PORTAL_API_THROTTLE_TOKEN``, 300 a minute by default) refuses more (the bench then stops
+and says so).
+
 prints the figures as JSON, in milliseconds per poll: wall time (median and p90, or the mean
 for ``wait_*``) and ``cpu_ms``, the CPU time of the calling thread alone (the client's own
 work, not the stub's, and steady on a loaded machine).
@@ -38,7 +43,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from portal_client import PortalClient, WaitTimeout
+import httpx
+from portal_client import PortalClient, RateLimited, WaitTimeout
 
 PENDING = {
     "code": "QUOTA_LIMIT",
@@ -228,9 +234,13 @@ def run(
     return figures
 
 
+# Polls per measurement: against the stub, and against a running portal (its rate limit).
+STUB_POLLS, LIVE_POLLS = 200, 50
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.client_poll", description=__doc__)
-    parser.add_argument("--polls", type=int, default=200)
+    parser.add_argument("--polls", type=int, help="polls per measurement (200; 50 with --url)")
     parser.add_argument("--poll", type=float, default=0.05, help="wait()'s poll, seconds")
     parser.add_argument("--url", help="a running portal instead of the stub")
     parser.add_argument("--token", default="")
@@ -238,12 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.url and (not args.token or args.job is None):
         parser.error("--url needs --token and --job")
-    print(
-        json.dumps(
-            run(polls=args.polls, poll=args.poll, url=args.url, token=args.token, job=args.job),
-            indent=2,
+    polls = args.polls if args.polls is not None else (LIVE_POLLS if args.url else STUB_POLLS)
+    try:
+        figures = run(polls=polls, poll=args.poll, url=args.url, token=args.token, job=args.job)
+    except (RateLimited, httpx.HTTPStatusError) as error:
+        if isinstance(error, httpx.HTTPStatusError) and error.response.status_code != 429:
+            raise  # (the bare round trip's own request: any other refusal is no rate limit)
+        parser.exit(
+            3,
+            f"the portal's rate limit refused a request ({error}): about {5 * polls} requests "
+            f"within the minute are more than the token may send (PORTAL_API_THROTTLE_TOKEN); "
+            f"use a smaller --polls\n",
         )
-    )
+    print(json.dumps(figures, indent=2))
     return 0
 
 
