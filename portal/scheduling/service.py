@@ -28,7 +28,7 @@ from portal.scheduling.apply import Applied, apply_decisions
 from portal.scheduling.lock import scheduler_file_lock, try_advisory_lock
 from portal.scheduling.models import PASS_TIMINGS_KEPT, PassRequests, PassTiming, SchedulerState
 from portal.scheduling.snapshot import load_snapshot
-from scheduler import schedule
+from scheduler import Carry, schedule
 
 log = logging.getLogger("portal.scheduling")
 
@@ -50,6 +50,14 @@ class PassResult:
 
 SKIPPED = PassResult(status="skipped")
 
+# What this process's passes learnt about single pending jobs, for the next one
+# (``scheduler.Carry``: each job's candidate, by the identity of its core job). The snapshot
+# hands the core the same job objects for rows that did not change (``snapshot._job_cache``),
+# so most of a queue is nominated once, not every pass. Passes of one process run one at a
+# time (the scheduling lock); a pass that failed leaves nothing wrong here: a candidate is
+# what a job's own request makes of the cluster's shape, whatever the pass decided.
+_carry = Carry()
+
 
 def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
     """Run one pass now, unless another pass holds the scheduler lock (then "skipped")."""
@@ -65,7 +73,7 @@ def run_schedule_pass(*, now: datetime | None = None) -> PassResult:
             locked_at = time.perf_counter()
             loaded = load_snapshot(now=when, config=config)
             loaded_at = time.perf_counter()
-            decisions = schedule(loaded.snapshot, now=when.timestamp(), config=config)
+            decisions = schedule(loaded.snapshot, now=when.timestamp(), config=config, carry=_carry)
             decided_at = time.perf_counter()
             # Dated when written (the clock now, after the snapshot), unless the caller set
             # the time: see apply_decisions.

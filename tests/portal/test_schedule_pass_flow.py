@@ -20,6 +20,7 @@ from portal.scheduling import apply, lock, service, tasks
 from portal.scheduling.models import PassRequests, SchedulerState
 from portal.scheduling.service import run_schedule_pass
 from portal.scheduling.tasks import schedule_pass
+from scheduler import ALL_CACHES, Carry
 from workers.inventory import stable_uuid
 
 pytestmark = pytest.mark.django_db
@@ -245,6 +246,36 @@ def test_finished_jobs_of_the_same_shape_shorten_the_estimated_start(
     latest = waiting.estimated_start_latest_at - timezone.now()
     assert timedelta(minutes=9) <= likely <= timedelta(minutes=10, seconds=5)
     assert timedelta(minutes=59) <= latest <= timedelta(hours=1, seconds=5)
+
+
+def test_a_pass_takes_what_the_last_one_learnt_of_each_waiting_job(
+    vision, django_capture_on_commit_callbacks, monkeypatch
+):
+    """The process keeps a scheduler.Carry between its passes: the jobs still waiting, their
+    rows unchanged, are the same candidates in the next pass, and its decisions are those
+    of a pass that starts from nothing."""
+    team, alice = vision
+    register_node(NODE)
+    jobs = [make_job(name=f"pair-{i}", team=team, user=alice, gpu_count=2) for i in range(4)]
+    monkeypatch.setattr(service, "_carry", Carry())
+    now = timezone.now()
+    first, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+    assert (len(first.assigned), first.pending) == (1, 3)
+    waiting = [job.pk for job in jobs if job.pk not in first.assigned]
+    kept = service._carry.candidates(ALL_CACHES)
+    assert kept is not None
+    carried = {c.job.id: c for c in kept.values()}
+    assert set(carried) >= {str(pk) for pk in waiting}
+
+    second, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+    stored = list(Job.objects.order_by("pk").values_list("pk", *apply._EXPLANATION_COLUMNS))
+    again = {c.job.id: c for c in service._carry.candidates(ALL_CACHES).values()}
+    assert all(again[str(pk)] is carried[str(pk)] for pk in waiting)  # not nominated again
+
+    monkeypatch.setattr(service, "_carry", Carry())  # a pass that starts from nothing
+    fresh, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
+    assert (second.assigned, second.pending) == (fresh.assigned, fresh.pending) == ((), 3)
+    assert list(Job.objects.order_by("pk").values_list("pk", *apply._EXPLANATION_COLUMNS)) == stored
 
 
 def test_a_second_pass_sends_no_explanation_that_did_not_change(
