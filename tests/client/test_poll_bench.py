@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
+from flaky_http import flaky_portal
 
 from bench.client_poll import main, run
 
@@ -26,29 +24,12 @@ def test_the_poll_benchmark_times_each_poll_of_wait_against_its_stub() -> None:
 def test_a_portal_that_refuses_for_its_rate_limit_stops_the_bench_with_a_reason(capsys) -> None:
     """Against a running portal the bench makes about five times --polls requests in the
     minute: one the API's rate limit refuses ends it with exit code 3 and what to do."""
-
-    class Refusing(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            body = b'{"detail": "too many requests for this user or token; try again in 33 s"}'
-            self.send_response(429)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Retry-After", "33")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
-        with pytest.raises(SystemExit) as stopped:
-            main(["--url", url, "--token", "t", "--job", "1"])
-    finally:
-        server.shutdown()
+    with (
+        flaky_portal(failures=10**6, status=429) as (url, seen),
+        pytest.raises(SystemExit) as stopped,
+    ):
+        main(["--url", url, "--token", "t", "--job", "1"])
     assert stopped.value.code == 3
+    assert seen == ["GET /api/v1/jobs/1/"]  # refused at once: nothing retried
     said = capsys.readouterr().err
     assert "rate limit" in said and "about 250 requests" in said and "--polls" in said

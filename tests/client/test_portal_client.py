@@ -8,7 +8,6 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 import portal_client.client
 import pytest
 from django.utils import timezone
+from flaky_http import flaky_portal
 from portal_client import (
     TERMINAL,
     AuthenticationError,
@@ -453,45 +453,6 @@ def test_a_portal_that_never_answers_is_portal_unavailable_after_the_timeout() -
 
 
 # --- retries ---------------------------------------------------------------------------------
-
-
-@contextmanager
-def flaky_portal(
-    failures: int, status: int = 503, answer: Any = ()
-) -> Iterator[tuple[str, list[str]]]:
-    """A real HTTP server that answers ``status`` ``failures`` times, then 200 with ``answer``."""
-    seen: list[str] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def _answer(self) -> None:
-            seen.append(f"{self.command} {self.path}")
-            failing = len(seen) <= failures
-            body = json.dumps(
-                {"errors": {"detail": "database unavailable, try again"}}
-                if failing
-                else list(answer)
-                if isinstance(answer, tuple)
-                else answer
-            ).encode()
-            self.send_response(status if failing else 200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_GET = do_POST = _answer  # noqa: N815 - http.server's names
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("status", [502, 503, 504])
