@@ -25,7 +25,7 @@ help:
 	@echo "make format - ruff format and ruff check --fix"
 	@echo "make bench  - the benchmarks into bench/results.json: core pass, Philly and own traces,"
 	@echo "              durations shown and hidden (replays in parallel; target: 25 min on 2"
-	@echo "              cores, 22.4 min on 7 Dec 2026); bench-full: also plain FIFO on Philly"
+	@echo "              cores, 13.9-22.4 min on 7 Dec 2026); bench-full: also plain FIFO on Philly"
 	@echo "make bench-pages - each page's render time and queries on 1,000 nodes and 10,000+ jobs (~10 min)"
 	@echo "make bench-api - the API's req/s and p50/p99 (wrk) and admissions/s, on PostgreSQL + Redis"
 	@echo "make chaos  - the chaos harness, 1000 faults (about an hour; needs root); chaos-short: 20;"
