@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import httpx
 from portal_client import PortalClient, RateLimited, WaitTimeout
+from portal_client.errors import error_for
 
 PENDING = {
     "code": "QUOTA_LIMIT",
@@ -196,6 +196,20 @@ def _wait_ms(
     }
 
 
+def _bare_get(portal: PortalClient, url: str) -> None:
+    """A GET with the client's own connection and none of the client's work; an error answer
+    raises the client's exception for it, as the client would (``RateLimited`` for a 429)."""
+    response = portal._http.get(url)
+    if response.is_error:
+        raise error_for(
+            response.status_code,
+            response.content,
+            request=f"GET {url}",
+            url=url,
+            retry_after=response.headers.get("Retry-After"),
+        )
+
+
 def run(
     *, polls: int = 200, poll: float = 0.05, url: str | None = None, token: str = "",
     job: int | None = None,
@@ -209,7 +223,7 @@ def run(
         ids = iter(range(1, 10_000))
         probe = job if job is not None else 999_999
         detail = f"{portal.api}/jobs/{probe}/"
-        round_trip = _each_ms(polls, lambda: portal._http.get(detail).raise_for_status())
+        round_trip = _each_ms(polls, lambda: _bare_get(portal, detail))
         figures: dict[str, Any] = {
             "target": "live portal" if live else "stub portal on 127.0.0.1",
             "polls": polls,
@@ -251,9 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     polls = args.polls if args.polls is not None else (LIVE_POLLS if args.url else STUB_POLLS)
     try:
         figures = run(polls=polls, poll=args.poll, url=args.url, token=args.token, job=args.job)
-    except (RateLimited, httpx.HTTPStatusError) as error:
-        if isinstance(error, httpx.HTTPStatusError) and error.response.status_code != 429:
-            raise  # (the bare round trip's own request: any other refusal is no rate limit)
+    except RateLimited as error:
         parser.exit(
             3,
             f"the portal's rate limit refused a request ({error}): about {5 * polls} requests "

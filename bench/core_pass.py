@@ -17,10 +17,11 @@ Two snapshots:
 
 Each call gets new node and slice objects of equal value, as a shell would that built them
 anew from the database every pass (so the core's cache of the node list has to compare them
-with the last ones); ``carried_cpu_median_ms`` is a cold pass given the ``Carry`` of the pass before, as the
-portal's passes run (CPU time); ``warm_median_ms`` passes the same tuple again, as the simulator does, and
-as the portal's shell does too while no slice row changed (``portal.scheduling.snapshot``
-keeps the last node tuple and hands it back when the rows are equal). So the cold figure
+with the last ones); ``carried_cpu_median_ms`` is a cold pass given the ``Carry`` of the pass
+before, as the portal's passes run (CPU time); ``warm_median_ms`` passes the same tuple again,
+as the simulator does, and as the portal's shell does too while no slice row changed
+(``portal.scheduling.snapshot`` keeps the last node tuple and hands it back when the rows
+are equal). So the cold figure
 overstates the portal's usual pass by that comparison (a few ms).
 
 Every timed pass comes right after a bare greedy first-fit of the same snapshot
@@ -317,34 +318,27 @@ def _time(snapshot: Snapshot, config: SchedulerConfig, repeats: int, fresh: bool
     return [pair[0] for pair in _timed(snapshot, config, repeats, fresh)[0]]
 
 
-def _carried_cpu(snapshot: Snapshot, config: SchedulerConfig, repeats: int) -> list[float]:
-    """CPU ms of cold passes given the ``Carry`` of the pass before (one untimed pass first),
-    as the portal's passes run: its snapshot hands the core the same job objects for rows
-    that did not change, and ``portal.scheduling.service`` keeps a carry per process."""
-    carry = Carry()
-    schedule(snapshot, now=NOW, config=config, carry=carry)
-    cpu = []
-    for _ in range(repeats):
-        snap = replace(snapshot, nodes=_shell_nodes(snapshot.nodes))
-        cpu.append(_clock(lambda s: schedule(s, now=NOW, config=config, carry=carry), snap)[1])
-    return cpu
-
-
 _Pair = tuple[float, float]  # (wall ms, CPU ms)
 
 
 def _timed(
-    snapshot: Snapshot, config: SchedulerConfig, repeats: int, fresh: bool, greedy: bool = False
+    snapshot: Snapshot,
+    config: SchedulerConfig,
+    repeats: int,
+    fresh: bool,
+    greedy: bool = False,
+    carry: Carry | None = None,
 ) -> tuple[list[_Pair], list[_Pair]]:
     """``repeats`` passes, each (when ``greedy``) right after a greedy first-fit of the same
-    snapshot: the pass's (wall, CPU) ms and the greedy's."""
+    snapshot: the pass's (wall, CPU) ms and the greedy's. With ``carry``, each pass is given
+    it (so the passes after the first take what the one before learnt)."""
     passes: list[_Pair] = []
     greedies: list[_Pair] = []
     for _ in range(repeats):
         snap = replace(snapshot, nodes=_shell_nodes(snapshot.nodes)) if fresh else snapshot
         if greedy:
             greedies.append(_clock(greedy_first_fit, snap))
-        passes.append(_clock(lambda s: schedule(s, now=NOW, config=config), snap))
+        passes.append(_clock(lambda s: schedule(s, now=NOW, config=config, carry=carry), snap))
     return passes, greedies
 
 
@@ -365,7 +359,11 @@ def _measure(scenario: str, repeats: int) -> dict[str, Any]:
     decisions = schedule(snapshot, now=NOW, config=config)  # first-call costs out of the way
     cold, greedy = _timed(snapshot, config, repeats, fresh=True, greedy=True)
     warm = _time(snapshot, config, max(3, repeats // 4), fresh=False)
-    carried = _carried_cpu(snapshot, config, max(3, repeats // 4))
+    # As the portal's passes run: its snapshot hands the core the same job objects for rows
+    # that did not change, and portal.scheduling.service keeps a Carry per process.
+    carry = Carry()
+    schedule(snapshot, now=NOW, config=config, carry=carry)
+    carried = _timed(snapshot, config, max(3, repeats // 4), fresh=True, carry=carry)[0]
     replay = _time(snapshot, SchedulerConfig(explain=False), max(3, repeats // 4), fresh=True)
     # A first pass: no node list (and so no request answers) kept from an earlier pass, as
     # after the scheduler process starts or the cluster changes.
@@ -387,7 +385,7 @@ def _measure(scenario: str, repeats: int) -> dict[str, Any]:
         "ratio_to_greedy_quartiles": [round(quartiles[0], 2), round(quartiles[2], 2)],
         "first_cpu_median_ms": round(statistics.median(p[1] for p in first), 1),
         "warm_median_ms": round(statistics.median(warm), 1),
-        "carried_cpu_median_ms": round(statistics.median(carried), 1),
+        "carried_cpu_median_ms": round(statistics.median(p[1] for p in carried), 1),
         "no_explain_median_ms": round(statistics.median(replay), 1),
     }
 

@@ -136,7 +136,6 @@ def insert_rows(
     if sql is None:
         sql = _insert_sql(model, fields, on_conflict)
         _statements[key] = sql
-    names = [f.column for f in fields]
     if connection.vendor != "postgresql":
         # Numbers, text, booleans and NULL go as they are; JSON and times as SQLite stores them.
         params: Sequence[Sequence[Any]] = rows
@@ -147,6 +146,7 @@ def insert_rows(
         with connection.cursor() as cursor:
             cursor.executemany(sql, params)
         return
+    names = [f.column for f in fields]
     with connection.cursor() as cursor:
         for start in range(0, len(rows), _ROWS_PER_STATEMENT):
             chunk = rows[start : start + _ROWS_PER_STATEMENT]

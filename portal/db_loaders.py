@@ -23,6 +23,10 @@ from datetime import tzinfo
 from typing import Any
 
 from django.db.backends.signals import connection_created
+from psycopg import adapters
+from psycopg.adapt import Loader
+from psycopg.postgres import types
+from psycopg.pq import Format
 
 _TIMESTAMPTZ = "timestamptz"
 
@@ -30,11 +34,6 @@ _TIMESTAMPTZ = "timestamptz"
 def tz_loader(zone: tzinfo | None) -> type[Any]:
     """A loader class for ``timestamptz`` text that gives values in ``zone`` (None: naive),
     as Django's own does."""
-    from psycopg import adapters
-    from psycopg.adapt import Loader
-    from psycopg.postgres import types
-    from psycopg.pq import Format
-
     default = adapters.get_loader(types[_TIMESTAMPTZ].oid, Format.TEXT)
     assert default is not None
 
@@ -55,8 +54,8 @@ _loaders: dict[tzinfo | None, type[Any]] = {}
 
 
 def _on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if connection.vendor != "postgresql" or not hasattr(connection.connection, "adapters"):
-        return  # (psycopg 2 has no adapters map: nothing to do)
+    if connection.vendor != "postgresql":
+        return
     zone = connection.timezone
     loader = _loaders.get(zone)
     if loader is None:

@@ -8,7 +8,7 @@ accept exactly the same things).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime, tzinfo
+from datetime import datetime, tzinfo
 from typing import Any
 
 from django.conf import settings
@@ -301,9 +301,6 @@ JOB_SUMMARY_COLUMNS = (
 )
 
 
-_UTC_KEYS = frozenset({"UTC", "Etc/UTC"})  # zones that are UTC itself
-
-
 def iso_time(value: datetime | None, zone: tzinfo | None = None) -> str | None:
     """A time as DRF's DateTimeField writes it: ISO 8601 in the current time zone (UTC), with
     ``Z`` for +00:00; None for none. ``zone``: the current time zone, read once by a caller
@@ -312,8 +309,6 @@ def iso_time(value: datetime | None, zone: tzinfo | None = None) -> str | None:
         return None
     if zone is None or value.tzinfo is None:  # a naive time: localtime's own error
         text = timezone.localtime(value).isoformat()
-    elif value.tzinfo is zone:  # (as read from the database: no conversion to make)
-        text = value.isoformat()
     else:
         text = value.astimezone(zone).isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
@@ -332,8 +327,6 @@ def job_row(job: Job) -> dict[str, Any]:
 def job_summaries_data(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """``job_summary_data`` of each row (a page of the job list), the time zone read once."""
     zone = timezone.get_current_timezone()
-    if getattr(zone, "key", None) in _UTC_KEYS:
-        zone = UTC  # the zone the database's times come in: iso_time need not convert them
     return [job_summary_data(row, zone) for row in rows]
 
 

@@ -300,7 +300,7 @@ def _explain(decisions: Iterable[Pending], loaded: LoadedSnapshot) -> int:
         if (
             found is None
             or found[0] != row[1:_NUMBERS] + row[_NUMBERS + 1 :]
-            or (json.loads(found[1]) if found[1] is not None else None) != row[_NUMBERS]
+            or json.loads(found[1]) != row[_NUMBERS]
         ):
             changed.append(row)
     return update_rows(

@@ -185,9 +185,9 @@ def test_a_job_the_first_round_defers_keeps_its_place_in_its_users_queue(promise
     # a1 and a2 each fit team a's guarantee of 2 GPUs; a1 takes it, so a2 would borrow after
     # all and moves to the borrowing round, where it is still older than a3 (4 GPUs, never
     # within the guarantee): a2 goes first and a3 does not fit what is left, so it holds the
-    # borrowing round's reservation. (Whether the
-    # shell promises its queue in submit order or not: the borrowing round's queue is the
-    # split's rest with the deferred jobs after it, which is no longer in that order.)
+    # borrowing round's reservation. (Whether the shell promises its queue in submit order or
+    # not: the borrowing round's queue is the split's rest with the deferred jobs after it,
+    # which is no longer in that order.)
     node = whole_node("n0", gpus=8)
     busy = running(job("b1", "b", count=2), ["n0-g6", "n0-g7"])
     queue = [job("a1", count=2, at=0), job("a2", count=2, at=1), job("a3", count=4, at=2)]
