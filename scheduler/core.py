@@ -188,6 +188,10 @@ class Cycle:
         self.round_reservations = [0, 0]
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
+        # A starving job's reservation just made without a sweep, as nothing of its pools is
+        # free and no pending list tells its start (``reserve``), for ``admit`` to keep as
+        # the verdict of the jobs alike.
+        self.unseen_reservation: Left | None = None
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
         # seen to need (``_defer_team``).
@@ -365,7 +369,7 @@ class Cycle:
                 return
         # A job shaped like one that just failed, with nothing changed since, fails the same
         # way: say so without looking again (most of a long queue in a full cluster).
-        key, stamp, verdict = self.memo.verdict(c)
+        key, stamp, verdict = self.memo.verdict(c, self.starving)
         if verdict is not None:
             if self.listing:  # (positional: most of a long queue takes this path)
                 self.left.append(Left(job, verdict.code, verdict.numbers, c, None, False, verdict))
@@ -381,6 +385,20 @@ class Cycle:
                 self._assign(c, placement)
             return  # an empty placement: it fitted, but not within the limits (recorded)
         if self.rules.blocked(self, c):
+            unseen = self.unseen_reservation
+            if unseen is not None:
+                # A starving job's reservation that set nothing aside and that nobody reads:
+                # a starving job alike after it, with nothing changed since, could neither
+                # preempt (unless queued before ``after``, as below) nor set anything aside.
+                self.unseen_reservation = None
+                after = self.preemption.waiting_after
+                unseen.verdict = self.memo.keep_verdict(
+                    c,
+                    key,
+                    stamp,
+                    (unseen.code, unseen.numbers),
+                    queued_after=-math.inf if after is None else after,
+                )
             return
         # Why it does not fit depends on its team, request and the stamp, not on its user or
         # class: jobs that differ only there share the answer.
@@ -522,7 +540,9 @@ class Cycle:
             # would only be told (nobody asks, with no pending list), and the sweep of the
             # running jobs' ends is the cost of a pass full of starving jobs. (Free slices
             # never come back within a pass, so none of its kind could set any aside later.)
-            self.wait(c, PendingCode.RESERVED, {"at": "unknown"})
+            entry = self.wait(c, PendingCode.RESERVED, {"at": "unknown"})
+            if starving:
+                self.unseen_reservation = entry
             check_settled(self)
             return True
         reservation = reserve(

@@ -12,7 +12,9 @@ while its stamp still matches.
   numbers) under its key: its shape (team; pools; minimum count; class when classes may
   preempt; multi-node) plus which of the pass's reservations it may use (by its time limit).
   The next job with that key takes the verdict at once. Most of a long queue takes this
-  path. (A job that waited for room rather than reclaim leaves a verdict only for jobs
+  path. In a round of jobs past ``max_wait_s`` the key also says so (``STARVING``): there a
+  job that fits nowhere gets a reservation of its own, and with no pending list one that
+  could set nothing aside (nothing of its pools is free) is a verdict too. (A job that waited for room rather than reclaim leaves a verdict only for jobs
   queued after a time: ``Verdict.queued_after``.) In a team with member limits the members
   share it too: a quota or budget verdict holds for all of them, one reached after the
   member check (it fitted nowhere) for each member whose own limit leaves room then
@@ -65,6 +67,10 @@ from scheduler.order import Candidate
 from scheduler.quota import Blocked, Ledger, Numbers, member_room
 
 Key = tuple[object, ...]
+# The last part of a verdict's key in a round of jobs past ``max_wait_s``: there a job that
+# fits nowhere holds a reservation of its own, where a job alike in another round waits
+# otherwise (and may take its round's one reservation).
+STARVING = "starving"
 Stamp = tuple[int, int, object]
 # End times of a team's (or member's) jobs, sorted, and the units freed by each of them.
 Releases = tuple[list[float], list[float]]
@@ -144,11 +150,13 @@ class PassMemo:
         """A reservation or a preemption: no earlier answer holds any more."""
         self._version += 1
 
-    def verdict(self, c: Candidate) -> tuple[Key, Stamp, Verdict | None]:
+    def verdict(self, c: Candidate, starving: bool = False) -> tuple[Key, Stamp, Verdict | None]:
         """The key and stamp of ``c`` now, and the verdict remembered under them (or None).
+        ``starving``: ``c`` is in a round of jobs past ``max_wait_s``, whose verdicts (a
+        reservation) are kept apart from the other rounds' (``STARVING``).
 
         This is the path most jobs of a long queue take, so it is kept tight."""
-        key = c.shape
+        key = c.shape if not starving else (*c.shape, STARVING)
         limit = c.job.time_limit_s
         reservations = self._reservations
         if reservations and limit is not None:

@@ -11,7 +11,7 @@ from sched_builders import job, running, snapshot, whole_node
 
 from scheduler import core
 from scheduler.config import Policy, SchedulerConfig
-from scheduler.model import DependencyState, Job
+from scheduler.model import DependencyState, Job, Team
 from scheduler.nominate import Nominator
 from scheduler.order import Candidate
 
@@ -99,3 +99,48 @@ def test_a_fifo_pass_without_a_pending_list_nominates_only_as_far_as_it_looks(
     listed = core.schedule(snap, now=100.0, config=config)
     assert len(made) == 200
     assert (lean.assign, lean.preempt, lean.fail) == (listed.assign, listed.preempt, listed.fail)
+
+
+def test_starving_jobs_alike_share_the_first_ones_reservation_that_set_nothing_aside(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Team "a", under its guarantee, has three 1-GPU jobs past the maximum wait; team "b"
+    # holds every GPU, started too recently to be reclaimed. Each starving job gets a
+    # reservation of its own, and with nothing free there is nothing to set aside, so
+    # without a pending list the first one's outcome (no sweep, "reserved") is the verdict
+    # of the two alike after it, which are not looked at again. With the caches off, or
+    # with a pending list, every one of them is; the decisions are the same.
+    nodes = [whole_node("n0", gpus=2), whole_node("n1", gpus=2)]
+    held = [
+        running(job(f"r{i}", "b", limit=5000.0), [f"n{i // 2}-g{i % 2}"], started=990.0)
+        for i in range(4)
+    ]
+    queue = [job(f"s{i}", "a", at=float(i), limit=3000.0) for i in range(3)]
+    queue.append(job("young", "a", at=900.0, limit=3000.0))  # not starving
+    teams = [Team("a", guaranteed=4.0), Team("b")]
+    snap = snapshot(nodes, queue, held, teams=teams)
+    reserved: list[str] = []
+    reserve = core.Cycle.reserve
+
+    def counting(cycle: core.Cycle, c: Candidate, *, starving: bool = False) -> bool:
+        reserved.append(c.job.id)
+        return reserve(cycle, c, starving=starving)
+
+    monkeypatch.setattr(core.Cycle, "reserve", counting)
+    config = SchedulerConfig(policy=Policy.FAIRSHARE, explain=False, max_wait_s=500.0)
+    lean = core.schedule(snap, now=1000.0, config=replace(config, list_pending=False))
+    assert reserved == ["s0", "young"]
+    reserved.clear()
+    uncached = core.schedule(
+        snap, now=1000.0, config=replace(config, list_pending=False, caches=frozenset())
+    )
+    assert reserved == ["s0", "s1", "s2", "young"]
+    listed = core.schedule(snap, now=1000.0, config=config)
+    assert [(p.job_id, p.reason.code.value) for p in listed.pending][:3] == [
+        ("s0", "RESERVED"),
+        ("s1", "RESERVED"),
+        ("s2", "RESERVED"),
+    ]
+    for other in (uncached, listed):
+        assert (lean.assign, lean.preempt, lean.fail) == (other.assign, other.preempt, other.fail)
+    assert lean.assign == () and lean.preempt == ()
