@@ -48,6 +48,30 @@ def test_the_next_pass_takes_an_unchanged_jobs_request_from_the_carry(
     assert second == schedule(later, now=NOW, config=NONE)
 
 
+def test_jobs_not_carried_anywhere_in_the_queue_are_nominated_in_their_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The arrivals usually come last (only they are nominated then); a requeued job may come
+    # back anywhere, and a job waiting for a dependency is never carried: each is
+    # nominated where it stands, and the rest still come from the carry.
+    nodes = (whole_node("n0", 2),)
+    waiting = [job(f"p{k}", count=2, at=float(k)) for k in range(3)]
+    held = running(job("r", count=2), ["n0-g0", "n0-g1"])
+    snap = snapshot(nodes, waiting, [held])
+    carry = Carry()
+    schedule(snap, now=NOW, config=EVERY, carry=carry)
+    asked = _counting(monkeypatch)
+    back = job("back", at=0.5)  # queued between p0 and p1
+    parked = job("parked", at=8.0, after_ok=["p0"])
+    arrived = job("p9", at=9.0)
+    p0, p1, p2 = snap.pending
+    later = replace(snap, pending=(p0, back, p1, p2, parked, arrived))
+    second = schedule(later, now=NOW, config=EVERY, carry=carry)
+    assert asked == [back.request, arrived.request]
+    assert second == schedule(later, now=NOW, config=NONE)
+    assert [p.job_id for p in second.pending] == ["p0", "back", "p1", "p2", "p9", "parked"]
+
+
 def test_switched_off_nothing_is_carried(monkeypatch: pytest.MonkeyPatch) -> None:
     snap = snapshot((whole_node("n0", 2),), [job("p0", count=4)])
     off = replace(EVERY, caches=EVERY.caches - {Cache.CARRIED_CANDIDATES})
