@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from sched_builders import codes, job, running, snapshot, whole_node
 
-from scheduler import Cache, Carry, SchedulerConfig, Team, schedule
+from scheduler import Cache, Carry, SchedulerConfig, Snapshot, Team, schedule
 from scheduler.cluster import ClusterShape
 
 NOW = 1000.0
@@ -30,13 +30,17 @@ def _counting(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return asked
 
 
+def _three_waiting() -> Snapshot:
+    """A full node of two GPUs and three jobs of two GPUs waiting, p0 to p2."""
+    waiting = [job(f"p{k}", count=2, at=float(k)) for k in range(3)]
+    held = running(job("r", count=2), ["n0-g0", "n0-g1"])
+    return snapshot((whole_node("n0", 2),), waiting, [held])
+
+
 def test_the_next_pass_takes_an_unchanged_jobs_request_from_the_carry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    nodes = (whole_node("n0", 2),)
-    waiting = [job(f"p{k}", count=2, at=float(k)) for k in range(3)]
-    held = running(job("r", count=2), ["n0-g0", "n0-g1"])
-    snap = snapshot(nodes, waiting, [held])
+    snap = _three_waiting()
     carry = Carry()
     first = schedule(snap, now=NOW, config=EVERY, carry=carry)
     asked = _counting(monkeypatch)
@@ -54,10 +58,7 @@ def test_jobs_not_carried_anywhere_in_the_queue_are_nominated_in_their_place(
     # The arrivals usually come last (only they are nominated then); a requeued job may come
     # back anywhere, and a job waiting for a dependency is never carried: each is
     # nominated where it stands, and the rest still come from the carry.
-    nodes = (whole_node("n0", 2),)
-    waiting = [job(f"p{k}", count=2, at=float(k)) for k in range(3)]
-    held = running(job("r", count=2), ["n0-g0", "n0-g1"])
-    snap = snapshot(nodes, waiting, [held])
+    snap = _three_waiting()
     carry = Carry()
     schedule(snap, now=NOW, config=EVERY, carry=carry)
     asked = _counting(monkeypatch)
