@@ -274,18 +274,31 @@ class Cycle:
                 nominate, self.snapshot.pending, in_order=self.snapshot.pending_in_submit_order
             )
         candidates = nominate.every(self.snapshot.pending)
-        # One walk: each team with candidates, its users with some (fair share's standing
-        # asks for both) and the classes present.
+        # Each team with candidates, its users with some (fair share's standing asks for
+        # both) and the classes present: from the shell's index when every pending job is a
+        # candidate, else in one walk.
         users_of: dict[str, set[str]] = {}
         ranks: set[int] = set()
-        for c in candidates:
-            job = c.job
-            users = users_of.get(job.team)
-            if users is None:
-                users_of[job.team] = {job.user}
-            else:
-                users.add(job.user)
-            ranks.add(c.rank)
+        groups = self.snapshot.pending_groups
+        if groups is not None and len(candidates) == len(self.snapshot.pending):
+            for team_name, user, priority in groups:
+                users = users_of.get(team_name)
+                if users is None:
+                    users_of[team_name] = {user}
+                else:
+                    users.add(user)
+                rank = nominate.rank_of(self.team(team_name), priority)
+                if rank is not None:  # (None only in a false index: no job was parked)
+                    ranks.add(rank)
+        else:
+            for c in candidates:
+                job = c.job
+                users = users_of.get(job.team)
+                if users is None:
+                    users_of[job.team] = {job.user}
+                else:
+                    users.add(job.user)
+                ranks.add(c.rank)
         self.pending_users, self.pending_ranks = users_of, ranks
         self.pending_teams = set(users_of)
         for name in self.pending_teams - self.teams.keys():

@@ -12,7 +12,7 @@ never depends on how the caller numbers things.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -234,6 +234,14 @@ class Snapshot:
     # counts as past the maximum wait and the order of a user's own jobs (never a limit or a
     # placement's validity).
     pending_in_submit_order: bool = False
+    # The shell's index of ``pending``: the (team, user, priority) of its jobs, each once.
+    # When every pending job is a candidate (none parked or failed), the core takes each
+    # team's users with pending work and the classes present from it instead of walking the
+    # queue for them (the simulator keeps it as jobs come and go). None: the core walks. A
+    # false index changes the order fair share gives the jobs (whose users it counts, which
+    # teams' jobs a round keeps, the classes' rounds), never a limit or a placement's
+    # validity.
+    pending_groups: Collection[tuple[str, str, str]] | None = None
 
 
 # --- decisions -------------------------------------------------------------------------

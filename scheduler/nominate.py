@@ -83,16 +83,11 @@ class Nominator:
         team = self._teams.get(job.team)
         if team is None:
             team = self._team_of(job.team)  # (an unknown team: the neutral defaults)
-        classes = self._classes
-        rank = classes.get(job.priority, 0)
-        if self._gate_classes:
-            allowed = classes.get(team.max_priority, 0)
-            if rank > allowed or job.priority not in classes:
-                if job.priority not in classes or not self._clamp:
-                    numbers: Numbers = {"priority": job.priority, "max_priority": team.max_priority}
-                    self.parked.append(Left(job, PendingCode.PRIORITY_NOT_ALLOWED, numbers))
-                    return None
-                rank = allowed
+        rank = self.rank_of(team, job.priority)
+        if rank is None:
+            numbers: Numbers = {"priority": job.priority, "max_priority": team.max_priority}
+            self.parked.append(Left(job, PendingCode.PRIORITY_NOT_ALLOWED, numbers))
+            return None
         info = self._request_info(request)
         if not info.could_ever_fit:
             numbers = {"needs": info.minimum, "largest_node": info.largest_node}
@@ -112,6 +107,19 @@ class Nominator:
             # (a job with dependencies is nominated afresh each pass: their states change)
             carried[id(job)] = c
         return c
+
+    def rank_of(self, team: Team, priority: str) -> int | None:
+        """The class rank a job of ``team`` asking for ``priority`` is ordered in; None when
+        its team may not use that class (and it is not clamped to the team's highest)."""
+        classes = self._classes
+        rank = classes.get(priority, 0)
+        if self._gate_classes:
+            allowed = classes.get(team.max_priority, 0)
+            if rank > allowed or priority not in classes:
+                if priority not in classes or not self._clamp:
+                    return None
+                rank = allowed
+        return rank
 
     def every(self, jobs: Sequence[Job]) -> list[Candidate]:
         """The candidates of ``jobs``, in their order (``candidate`` for each).

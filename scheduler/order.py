@@ -502,7 +502,10 @@ class FairShareRules:
             by_rank[next(iter(by_rank))] = group(others)
         else:
             for c in others:
-                by_rank[c.rank].append(c)
+                found = by_rank.get(c.rank)
+                if found is None:  # (a class the shell's index left out: a false index)
+                    found = by_rank[c.rank] = group()
+                found.append(c)
         cycle.fair = self._standing(cycle, cycle.pending_users)
         ranks = sorted(by_rank, reverse=True)
         if self.by_priority:

@@ -267,6 +267,8 @@ class Replay:
         # GPU units of each team's pending jobs (how many of each size), to tell cheaply
         # whether a pending job would keep its team within its guarantee.
         self._queued_sizes: dict[str, Counter[float]] = {team: Counter() for team in teams}
+        # (team, user, priority) of the pending jobs: ``Snapshot.pending_groups``.
+        self._groups: Counter[tuple[str, str, str]] = Counter()
         self._usage: dict[str, float] = dict.fromkeys(teams, 0.0)
         self._user_usage: dict[tuple[str, str], float] = {}
         self._completions: list[tuple[float, int, str, int]] = []
@@ -406,6 +408,7 @@ class Replay:
             teams=self._snapshot_teams(),
             pending=tuple(self._pending.values()),
             pending_in_submit_order=True,
+            pending_groups=tuple(self._groups),
             running=tuple(self._running.values()),
             user_usage=dict(self._user_usage),
             run_times=self._history.run_times() if explain else NO_RUN_TIMES,
@@ -639,6 +642,11 @@ class Replay:
 
     def _dequeue(self, live: _LiveJob) -> None:
         self._wanted[_wants(live.job)] -= 1
+        job = live.job
+        group = (job.team, job.user, job.priority)
+        self._groups[group] -= 1
+        if not self._groups[group]:
+            del self._groups[group]
         sizes = self._queued_sizes[live.trace.tenant]
         sizes[live.asks_units] -= 1
         if not sizes[live.asks_units]:
@@ -664,6 +672,7 @@ class Replay:
             heapq.heappush(self._patience.setdefault(key, []), (queued_at(job) + wait, job.id))
         self._queued_sizes[job.team][self._live[job.id].asks_units] += 1
         self._wanted[_wants(job)] += 1
+        self._groups[(job.team, job.user, job.priority)] += 1
         self._user_usage.setdefault((job.team, job.user), 0.0)
 
     def _result(self) -> SimResult:

@@ -12,6 +12,7 @@ from sched_builders import MIG, MPS, WHOLE
 from scheduler import (
     Cache,
     Carry,
+    Decisions,
     Dependency,
     DependencyState,
     GpuRequest,
@@ -187,7 +188,14 @@ def test_no_slice_is_given_twice_or_while_held(snap: Snapshot, config: Scheduler
 @PROPERTY
 @given(snapshots(), configs)
 def test_no_team_or_member_goes_above_its_limit(snap: Snapshot, config: SchedulerConfig) -> None:
-    decisions = schedule(snap, now=NOW, config=config)
+    _check_limits(snap, schedule(snap, now=NOW, config=config))
+
+
+def _check_limits(snap: Snapshot, decisions: Decisions) -> None:
+    """No team or member above its limit, no slice given twice or while held."""
+    held = {i for r in snap.running for i in r.slice_ids}
+    given = [i for a in decisions.assign for i in a.slice_ids]
+    assert len(given) == len(set(given)) and not held & set(given)
     slices = _slices(snap)
     jobs = {j.id: j for j in snap.pending}
     team_units: Counter[str] = Counter()
@@ -346,6 +354,26 @@ def test_a_queue_declared_in_submit_order_is_taken_as_the_sorted_one(
     sorted_by_core = schedule(in_order, now=NOW, config=config)
     declared = replace(in_order, pending_in_submit_order=True)
     assert schedule(declared, now=NOW, config=config) == sorted_by_core
+
+
+@PROPERTY
+@given(snapshots(), configs, st.booleans())
+def test_the_shells_index_of_the_queue_decides_as_the_walk_and_a_false_one_keeps_limits(
+    snap: Snapshot, config: SchedulerConfig, listing: bool
+) -> None:
+    # Snapshot.pending_groups: with the true (team, user, priority) of the pending jobs the
+    # core decides exactly as when it walks the queue for them; a false index (some groups
+    # left out, one made up) may change the order, never break a limit.
+    config = replace(config, explain=listing, list_pending=listing)
+    groups = {(j.team, j.user, j.priority) for j in snap.pending}
+    walked = schedule(snap, now=NOW, config=config)
+    indexed = replace(snap, pending_groups=tuple(sorted(groups)))
+    decided = schedule(indexed, now=NOW, config=config)
+    assert decided == walked
+    assert decided.standing == walked.standing  # (not part of a Decisions' equality)
+    false = replace(snap, pending_groups=(*sorted(groups)[1:], ("c", "nobody", "high")))
+    decided = schedule(false, now=NOW, config=config)
+    _check_limits(false, decided)
 
 
 def _fields(config: SchedulerConfig) -> dict[str, object]:
