@@ -36,7 +36,7 @@ from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
 from scheduler.explain import Explainer, Left, Placed, capacity_reason, no_fit_numbers
-from scheduler.memo import Carry, PassMemo
+from scheduler.memo import Carry, Key, PassMemo, Stamp, Verdict
 from scheduler.model import (
     Assign,
     Decisions,
@@ -188,10 +188,6 @@ class Cycle:
         self.round_reservations = [0, 0]
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
-        # A starving job's reservation just made without a sweep, as nothing of its pools is
-        # free and no pending list tells its start (``reserve``), for ``admit`` to keep as
-        # the verdict of the jobs alike.
-        self.unseen_reservation: Left | None = None
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
         # seen to need (``_defer_team``).
@@ -281,12 +277,8 @@ class Cycle:
         ranks: set[int] = set()
         groups = self.snapshot.pending_groups
         if groups is not None and len(candidates) == len(self.snapshot.pending):
-            for team_name, user, priority in groups:
-                users = users_of.get(team_name)
-                if users is None:
-                    users_of[team_name] = {user}
-                else:
-                    users.add(user)
+            for team_name, user, priority in groups:  # (a few per team: no walk)
+                users_of.setdefault(team_name, set()).add(user)
                 rank = nominate.rank_of(self.team(team_name), priority)
                 if rank is not None:  # (None only in a false index: no job was parked)
                     ranks.add(rank)
@@ -398,20 +390,6 @@ class Cycle:
                 self._assign(c, placement)
             return  # an empty placement: it fitted, but not within the limits (recorded)
         if self.rules.blocked(self, c):
-            unseen = self.unseen_reservation
-            if unseen is not None:
-                # A starving job's reservation that set nothing aside and that nobody reads:
-                # a starving job alike after it, with nothing changed since, could neither
-                # preempt (unless queued before ``after``, as below) nor set anything aside.
-                self.unseen_reservation = None
-                after = self.preemption.waiting_after
-                unseen.verdict = self.memo.keep_verdict(
-                    c,
-                    key,
-                    stamp,
-                    (unseen.code, unseen.numbers),
-                    queued_after=-math.inf if after is None else after,
-                )
             return
         # Why it does not fit depends on its team, request and the stamp, not on its user or
         # class: jobs that differ only there share the answer.
@@ -419,10 +397,15 @@ class Cycle:
         if why is None:
             why = self._capacity_reason(c)
             self.memo.keep_why_not(why_key, stamp, why)
-        # A job that waits for room rather than reclaim chose so by its own age: the verdict
-        # holds only for jobs alike queued after the time ``waiting_after`` says.
+        self.wait(c, *why).verdict = self._keep_unplaced(c, key, stamp, why)
+
+    def _keep_unplaced(self, c: Candidate, key: Key, stamp: Stamp, why: Blocked) -> Verdict | None:
+        """Keep ``why`` as the verdict of the jobs alike after ``c``, which fitted nowhere and
+        could not preempt. A job that waits for room rather than reclaim chose so by its own
+        age: the verdict holds only for jobs alike queued after the time ``waiting_after``
+        says."""
         after = self.preemption.waiting_after
-        self.wait(c, *why).verdict = self.memo.keep_verdict(
+        return self.memo.keep_verdict(
             c, key, stamp, why, queued_after=-math.inf if after is None else after
         )
 
@@ -555,7 +538,11 @@ class Cycle:
             # never come back within a pass, so none of its kind could set any aside later.)
             entry = self.wait(c, PendingCode.RESERVED, {"at": "unknown"})
             if starving:
-                self.unseen_reservation = entry
+                # A starving job alike after it, with nothing changed since, could neither
+                # preempt nor set anything aside: the same outcome, as a verdict (its key
+                # marked starving, ``scheduler.memo.STARVING``).
+                key, stamp, _ = self.memo.verdict(c, starving=True)
+                entry.verdict = self._keep_unplaced(c, key, stamp, (entry.code, entry.numbers))
             check_settled(self)
             return True
         reservation = reserve(

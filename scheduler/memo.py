@@ -14,8 +14,9 @@ while its stamp still matches.
   The next job with that key takes the verdict at once. Most of a long queue takes this
   path. In a round of jobs past ``max_wait_s`` the key also says so (``STARVING``): there a
   job that fits nowhere gets a reservation of its own, and with no pending list one that
-  could set nothing aside (nothing of its pools is free) is a verdict too. (A job that waited for room rather than reclaim leaves a verdict only for jobs
-  queued after a time: ``Verdict.queued_after``.) In a team with member limits the members
+  could set nothing aside (nothing of its pools is free) is a verdict too. (A job that
+  waited for room rather than reclaim leaves a verdict only for jobs queued after a time:
+  ``Verdict.queued_after``.) In a team with member limits the members
   share it too: a quota or budget verdict holds for all of them, one reached after the
   member check (it fitted nowhere) for each member whose own limit leaves room then
   (``Verdict.member_checked``), and a MEMBER_LIMIT verdict is kept apart, under the key

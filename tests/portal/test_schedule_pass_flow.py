@@ -268,14 +268,19 @@ def test_a_pass_takes_what_the_last_one_learnt_of_each_waiting_job(
     assert set(carried) >= {str(pk) for pk in waiting}
 
     second, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
-    stored = list(Job.objects.order_by("pk").values_list("pk", *apply._EXPLANATION_COLUMNS))
+    stored = _explanations()
     again = {c.job.id: c for c in service._carry.candidates(ALL_CACHES).values()}
     assert all(again[str(pk)] is carried[str(pk)] for pk in waiting)  # not nominated again
 
     monkeypatch.setattr(service, "_carry", Carry())  # a pass that starts from nothing
     fresh, _ = _run_pass(django_capture_on_commit_callbacks, now=now)
     assert (second.assigned, second.pending) == (fresh.assigned, fresh.pending) == ((), 3)
-    assert list(Job.objects.order_by("pk").values_list("pk", *apply._EXPLANATION_COLUMNS)) == stored
+    assert _explanations() == stored
+
+
+def _explanations() -> list[tuple]:
+    """Every job's stored explanation, by pk."""
+    return list(Job.objects.order_by("pk").values_list("pk", *apply._EXPLANATION_COLUMNS))
 
 
 def _explanation(pk: int) -> tuple:
