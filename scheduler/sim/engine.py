@@ -36,7 +36,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from scheduler.config import Policy, SchedulerConfig
 from scheduler.model import (
@@ -174,6 +174,17 @@ def _wants(job: Job) -> tuple[tuple[SliceKind, str], bool, int]:
     """What ``job`` needs at least to be placed: its pool, multi-node or not, slices."""
     request = job.request
     return (_pool_of(request.kind, request.profile), request.multi_node, request.minimum)
+
+
+_K = TypeVar("_K")
+
+
+def _drop_one(counts: Counter[_K], key: _K) -> None:
+    """One fewer of ``key`` in ``counts``; the key goes at zero (so the counts' keys are what is
+    queued)."""
+    counts[key] -= 1
+    if not counts[key]:
+        del counts[key]
 
 
 class _Room:
@@ -641,16 +652,10 @@ class Replay:
         self._held_by_user[(job.team, job.user)] -= live.units
 
     def _dequeue(self, live: _LiveJob) -> None:
-        self._wanted[_wants(live.job)] -= 1
         job = live.job
-        group = (job.team, job.user, job.priority)
-        self._groups[group] -= 1
-        if not self._groups[group]:
-            del self._groups[group]
-        sizes = self._queued_sizes[live.trace.tenant]
-        sizes[live.asks_units] -= 1
-        if not sizes[live.asks_units]:
-            del sizes[live.asks_units]
+        self._wanted[_wants(job)] -= 1
+        _drop_one(self._groups, (job.team, job.user, job.priority))
+        _drop_one(self._queued_sizes[live.trace.tenant], live.asks_units)
 
     def _requeue_victim(self, job_id: str, now: float) -> None:
         self._release(job_id, now, preempted=True)
