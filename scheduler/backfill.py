@@ -82,6 +82,12 @@ class Timeline:
             if self._sweeps is not None:
                 self._sweeps.pop(pool, None)
 
+    def forget_sweeps(self) -> None:
+        """Free slices came back within the pass (a reservation let go): a kept sweep may
+        have stopped past where the next one should (``_earliest``)."""
+        if self._sweeps is not None:
+            self._sweeps.clear()
+
     def _releases(
         self, end: float, slices: Sequence[Slice], seq: int
     ) -> list[tuple[Pool, Release]]:
@@ -348,6 +354,24 @@ def _set_aside(
             by_node[(pool, node)] = by_node.get((pool, node), 0) + 1
         nodes.add(node)
     return Reservation(job_id, at, kept, frozenset(nodes), frozenset([pool]), by_node)
+
+
+def hold_now(
+    index: FreeIndex, job_id: str, now: float, placement: Placement, team: str
+) -> Reservation:
+    """The reservation of a job that fits now: ``placement``'s slices taken out of ``index``
+    and set aside, starting ``now`` (so no other job may use them: none ends by then)."""
+    pool_of = index.shape.slice_pool
+    kept: list[Slice] = []
+    by_node: dict[tuple[Pool, int], int] = {}
+    for node, items in placement:
+        for item in items:
+            index.remove(item, team)
+            kept.append(item)
+            key = (pool_of[item.id], node)
+            by_node[key] = by_node.get(key, 0) + 1
+    nodes = frozenset(node for node, _ in placement)
+    return Reservation(job_id, now, kept, nodes, frozenset(p for p, _ in by_node), by_node)
 
 
 def _reserve_unknown(

@@ -31,7 +31,14 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from scheduler.arrays import ArrayThrottle
-from scheduler.backfill import Reservation, Timeline, give_back, reserve, set_aside_again
+from scheduler.backfill import (
+    Reservation,
+    Timeline,
+    give_back,
+    hold_now,
+    reserve,
+    set_aside_again,
+)
 from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
 from scheduler.config import Cache, Policy, SchedulerConfig
@@ -43,11 +50,13 @@ from scheduler.model import (
     Fail,
     PendingCode,
     Preempt,
+    SliceKind,
     Snapshot,
     Team,
 )
 from scheduler.nominate import InSubmitOrder, Nominator
 from scheduler.order import (
+    AgeKey,
     Candidate,
     FairShare,
     FairShareRules,
@@ -188,6 +197,10 @@ class Cycle:
         self.round_reservations = [0, 0]
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
+        # What the starving jobs that borrow set aside before the first rounds, by job id,
+        # until their round reaches them (``reserve_early``), and their teams and ages.
+        self.early: dict[str, Reservation] = {}
+        self.early_owners: dict[str, tuple[str, AgeKey]] = {}
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
         # seen to need (``_defer_team``).
@@ -364,6 +377,10 @@ class Cycle:
         if self.first_round and not within_guarantee(c, self.ledger.team.get(job.team, 0.0)):
             self.deferred.append(c)  # it would borrow after all: second round
             return
+        if self.early and self.starving:
+            kept = self.early.pop(job.id, None)
+            if kept is not None:
+                self._let_go(kept)  # its own slices back, for its turn
         if job.array:
             # Its array runs as many members as it may: the array's own limit, not a
             # shortage, so it neither preempts nor reserves (and is never remembered as a
@@ -383,7 +400,7 @@ class Cycle:
         if isinstance(allowed, tuple):
             self.wait(c, *allowed).verdict = self.memo.keep_verdict(c, key, stamp, allowed)
             return
-        cap = None if allowed == math.inf else int((allowed + EPS) / c.unit)
+        cap = _cap(c, allowed)
         placement = self._place(c, cap)
         if placement is not None:
             if placement:
@@ -409,19 +426,30 @@ class Cycle:
             c, key, stamp, why, queued_after=-math.inf if after is None else after
         )
 
-    def _place(self, c: Candidate, cap: int | None) -> Placement | None:
+    def _place(self, c: Candidate, cap: int | None, *, early: bool = False) -> Placement | None:
         """Best-fit slices for ``c``, taken from the index; [] when they break a limit;
         None when nothing fits. Set-aside slices of a reservation are offered only to jobs
-        that end before it."""
+        that end before it (``early``: and those the starving jobs set aside before the
+        first rounds, to any job but the younger ones of its own team: a team's younger
+        work does not take the room its older job waits for)."""
         index = self.index
         job = c.job
         free = index.total_free(c.pools)
         usable: list[Reservation] = []
         latest, limit = self.aside_latest, job.time_limit_s
+        if early:
+            owners = self.early_owners
+            usable = [
+                r
+                for job_id, r in self.early.items()
+                if not r.pools.isdisjoint(c.pools) and not _younger_mate(c, *owners[job_id])
+            ]
+            usable += [r for r in self._usable_reservations(c) if r.job_id not in self.early]
+            free += sum(len(r.set_aside) for r in usable)
         # Set-aside slices only for a job that ends by the latest start among them, and only
         # when those of its pools could make it fit (each a count kept as they change: a
         # queue of starving jobs holds one reservation each, so a scan was jobs x them).
-        if latest is not None and limit is not None and self.now + limit <= latest:
+        elif latest is not None and limit is not None and self.now + limit <= latest:
             aside = self.aside_by_pool
             if free + sum(aside.get(pool, 0) for pool in c.pools) >= c.minimum:
                 usable = self._usable_reservations(c)
@@ -446,6 +474,84 @@ class Cycle:
             if any(len(r.set_aside) != n for r, n in zip(usable, before, strict=True)):
                 self._count_aside()  # the job took some of them
         return placement
+
+    def reserve_early(self, jobs: Sequence[Candidate]) -> None:
+        """Before the first rounds: for each starving job that would borrow, oldest first,
+        set aside the free slices it would take now, or those its reservation would. Work
+        within guarantees takes them only when it fits nowhere else, and never a team's
+        younger work from its older job (``take_early``); each job gets its own back when
+        its round reaches it (``admit``), where it is placed or reserved as before. So the
+        room a long-waiting job gathers is not taken from it, pass after pass, by work that
+        had somewhere else to go."""
+        index = self.index
+        for c in jobs:
+            if not index.total_free(c.pools):
+                continue  # (the common case on a full cluster: nothing to set aside)
+            if any(pool[0] is SliceKind.MPS for pool in c.pools):
+                continue  # (shares cannot be put back: ``give_back``)
+            job = c.job
+            c.team = self.teams.get(job.team) or self.team(job.team)
+            if job.array and self.arrays.blocked(job) is not None:
+                continue
+            allowed = room(c, self.ledger)
+            if isinstance(allowed, tuple):
+                continue
+            cap = _cap(c, allowed)
+            multi_node = job.request.multi_node
+            placement = index.find(c.pools, job.team, c.minimum, c.count, multi_node, cap=cap)
+            if placement is not None:
+                if over_limit(c, placement, self.ledger) is not None:
+                    continue
+                reservation = hold_now(index, job.id, self.now, placement, job.team)
+            else:
+                reservation = reserve(
+                    index,
+                    self.timeline,
+                    job_id=job.id,
+                    pools=c.pools,
+                    team=job.team,
+                    need=c.minimum,
+                    multi_node=multi_node,
+                )
+            if reservation.set_aside:
+                self.early[job.id] = reservation
+                self.early_owners[job.id] = (job.team, c.age)
+                self.reservations.append(reservation)
+                self._add_aside(reservation)
+        if self.early:
+            self.memo.changed_all()
+
+    def take_early(self, c: Candidate) -> bool:
+        """``c``, in a first round, fits nowhere: a guarantee comes first, so it may take
+        what the starving jobs set aside before the round (but a younger job what its own
+        team's older job did), before it would reclaim anything."""
+        if not self.early or not self.first_round:
+            return False
+        allowed = room(c, self.ledger)
+        if isinstance(allowed, tuple):
+            return False
+        cap = _cap(c, allowed)
+        placement = self._place(c, cap, early=True)
+        if placement is None:
+            return False
+        if placement:
+            self._assign(c, placement)
+        return True
+
+    def let_go_early(self) -> None:
+        """What the starving jobs set aside before the first rounds and their round did not
+        take back (a job it never reached) goes back to the pass."""
+        for kept in self.early.values():
+            self._let_go(kept)
+        self.early, self.early_owners = {}, {}
+
+    def _let_go(self, reservation: Reservation) -> None:
+        give_back(self.index, reservation)
+        # (kept in the list, emptied: the pass's caches count its reservations as they grow)
+        reservation.set_aside, reservation.by_node = [], {}
+        self._count_aside()
+        self.timeline.forget_sweeps()  # free slices came back
+        self.memo.changed_all()
 
     def _count_aside(self) -> None:
         """``aside_latest`` and ``aside_by_pool`` from the reservations as they are now."""
@@ -634,3 +740,13 @@ class Cycle:
                 aging_per_hour=self.config.aging_per_hour,
             ),
         )
+
+
+def _cap(c: Candidate, allowed: float) -> int | None:
+    """How many slices the units ``allowed`` leave ``c`` (None: no limit)."""
+    return None if allowed == math.inf else int((allowed + EPS) / c.unit)
+
+
+def _younger_mate(c: Candidate, team: str, age: AgeKey) -> bool:
+    """``c`` is of ``team`` and queued after the job of ``age``."""
+    return c.job.team == team and c.age > age

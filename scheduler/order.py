@@ -519,6 +519,8 @@ class FairShareRules:
             # Starving jobs within their team's guarantee first (a job the round finds
             # borrowing after all joins the starving jobs that borrow).
             inside, borrowing = self._split(cycle, starving)
+            if borrowing:
+                cycle.reserve_early(borrowing)
             if inside:
                 cycle.first_round = True
                 yield from self._starving(cycle, inside)
@@ -531,6 +533,7 @@ class FairShareRules:
             rest[rank] = yield from self._first_round(cycle, by_rank[rank])
         if borrowing:
             yield from self._starving(cycle, borrowing)
+            cycle.let_go_early()
         for rank in ranks:
             yield rest[rank]
 
@@ -641,7 +644,7 @@ class FairShareRules:
         return record
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
-        if cycle.preempt_for(c):
+        if cycle.take_early(c) or cycle.preempt_for(c):
             return True
         if cycle.starving:
             return cycle.reserve(c, starving=True)

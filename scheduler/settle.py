@@ -123,8 +123,8 @@ def check_settled(cycle: Cycle) -> None:
     their guarantee still matter, and the queue is narrowed to them (a team's jobs keep
     their relative order whichever other teams are in the queue).
     """
-    if cycle.config.explain or any(cycle.index.pool_free_total.values()):
-        return
+    if cycle.config.explain or cycle.early or any(cycle.index.pool_free_total.values()):
+        return  # (what the starving jobs set aside early comes back in their round)
     if set_aside_usable(cycle):
         return  # a short job may still use what a reservation set aside
     rules = cycle.rules

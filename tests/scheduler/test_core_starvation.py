@@ -19,7 +19,7 @@ from sched_builders import (
     whole_node,
 )
 
-from scheduler import SchedulerConfig, Team
+from scheduler import Node, RunningJob, SchedulerConfig, Team
 
 DAY = 86400.0
 WEEK = 7 * DAY
@@ -209,3 +209,71 @@ def test_a_job_dropped_when_the_starving_round_narrows_is_not_admitted_after_all
         }
     )
     assert [p.job_id for p in bare.pending] == [p.job_id for p in explained.pending] == ["p5"]
+
+
+# A starving job that borrows sets aside, before the first rounds, what its reservation would
+# take (docs/scheduling.md#starvation): work within a guarantee that fits elsewhere goes
+# elsewhere; work that fits nowhere else still takes it (a guarantee comes first).
+def _half_free_nodes() -> tuple[list[Node], list[RunningJob]]:
+    # n0 frees g0 at 2000 (its limit), n1's g1 is held for good; g1 of n0 and g0 of n1 free.
+    nodes = [whole_node("n0", gpus=2), whole_node("n1", gpus=2)]
+    held = [
+        running(job("r0", "x", limit=WEEK + 2000.0), ["n0-g0"], started=0.0),
+        running(job("r1", "x", limit=30 * DAY), ["n1-g1"], started=0.0),
+    ]
+    return nodes, held
+
+
+def test_work_within_a_guarantee_leaves_a_starving_jobs_room_when_it_fits_elsewhere() -> None:
+    nodes, held = _half_free_nodes()
+    teams = [Team("a", guaranteed=1.0), Team("b", guaranteed=0.0), Team("x", guaranteed=2.0)]
+    pending = [job("old", "b", count=2, at=0.0), job("a1", "a", at=WEEK)]
+    snap = snapshot(nodes, pending, held, teams=teams)
+    now = WEEK + 10.0
+    decisions = decide(snap, now=now)
+    # "old" would start on n0 when r0 ends: a1 goes to n1, and old keeps n0-g1.
+    assert placed(decisions) == {"a1": ("n1-g0",)}
+    assert codes(decisions) == {"old": "RESERVED"}
+    assert decisions.pending[0].reason.numbers["at"] == WEEK + 2000.0
+    # Not starving yet: a1 takes the best fit by node order, n0, and old waits for both nodes.
+    before = decide(snap, now=now, max_wait_s=None)
+    assert placed(before) == {"a1": ("n0-g1",)}
+
+
+def test_work_within_a_guarantee_takes_a_starving_jobs_room_when_nothing_else_fits() -> None:
+    nodes, held = _half_free_nodes()
+    # n1-g0 is held too, by work of a team within its guarantee (no reclaim there).
+    held.append(running(job("r2", "x", limit=30 * DAY), ["n1-g0"], started=0.0))
+    teams = [Team("a", guaranteed=1.0), Team("b", guaranteed=0.0), Team("x", guaranteed=3.0)]
+    pending = [job("old", "b", count=2, at=0.0), job("a1", "a", at=WEEK)]
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert placed(decisions) == {"a1": ("n0-g1",)}
+    assert codes(decisions) == {"old": "RESERVED"}
+    assert decisions.preempt == ()
+
+
+def test_a_starving_job_that_fits_now_is_placed_on_what_it_set_aside() -> None:
+    nodes, held = _half_free_nodes()
+    teams = [Team("a", guaranteed=1.0), Team("b", guaranteed=0.0), Team("x", guaranteed=2.0)]
+    # "old" needs one GPU: it fits n0-g1 or n1-g0 now; it holds n0-g1 (the best fit), so a1
+    # goes to n1 and old starts where it chose.
+    pending = [job("old", "b", at=0.0), job("a1", "a", at=WEEK)]
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert placed(decisions) == {"a1": ("n1-g0",), "old": ("n0-g1",)}
+
+
+def test_a_teams_younger_work_leaves_its_own_starving_job_the_room_it_gathers() -> None:
+    # Only n0-g1 is free; team x holds the rest within its guarantee (nothing to reclaim).
+    # "old" (team b, 2 GPUs, borrowing) sets it aside. b1, b's younger job within b's
+    # guarantee, could take it only from its own team's older job: it waits instead.
+    nodes, held = _half_free_nodes()
+    held.append(running(job("r2", "x", limit=30 * DAY), ["n1-g0"], started=0.0))
+    teams = [Team("b", guaranteed=1.0), Team("x", guaranteed=3.0)]
+    pending = [job("old", "b", count=2, at=0.0), job("b1", "b", at=WEEK)]
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert placed(decisions) == {}
+    assert codes(decisions) == {"old": "RESERVED", "b1": "RESERVED"}
+    # A job of b's queued before it takes it (the older job goes first in its team).
+    older = [job("old", "b", count=2, at=0.0), job("b0", "b", at=-1.0)]
+    decisions = decide(snapshot(nodes, older, held, teams=teams), now=WEEK + 10.0)
+    assert placed(decisions) == {"b0": ("n0-g1",)}

@@ -123,6 +123,10 @@ def whole_node_gang_traces(draw: st.DrawFn) -> list[TraceJob]:
 def test_a_gang_within_its_guarantee_starts_within_min_run_plus_grace_even_past_max_waits(
     jobs: list[TraceJob], max_wait_s: float | None
 ) -> None:
+    _check_gang_guarantee(jobs, max_wait_s)
+
+
+def _check_gang_guarantee(jobs: list[TraceJob], max_wait_s: float | None) -> None:
     # Starving jobs of a borrowing team must not keep a team's guarantee from it (they go
     # after the work within guarantees and are reclaimable), and a gang of two nodes
     # reclaims over both.
@@ -206,3 +210,39 @@ def test_any_job_starts_within_the_maximum_wait_bound(
         result.records, max_wait_s=max_wait_s, longest_limit_s=longest, grace_s=30.0
     )
     assert report.violations == 0, report
+
+
+def test_a_teams_younger_jobs_leave_its_starving_gang_the_room_it_set_aside() -> None:
+    # Found by the bound-2 property test on random examples, on a first version of the rule
+    # that starving jobs set aside their room before the first rounds. Team b floods at t=0;
+    # at 300 s all of it starves. f01 (8 GPUs, borrowing) sets aside the node it fits at
+    # 301 s; b's younger single GPUs (within b's guarantee), finding nothing else, took it,
+    # so f01 started at 900 s against its bound of 631 s. A team's younger work may not.
+    jobs = [job("f00", 4, 0.0, 301.0, "b"), job("f01", 8, 0.0, 300.0, "b")]
+    jobs += [job("f02", 2, 0.0, 301.0, "b"), job("f03", 4, 0.0, 300.0, "b")]
+    jobs += [job("f04", 4, 0.0, 300.0, "b")]
+    jobs += [job(f"f{i:02d}", 1, 0.0, 300.0, "b") for i in range(5, 20)]
+    jobs += [job("j00", 1, 0.0, 300.0, "a"), job("j01", 1, 0.0, 150.0, "a")]
+    jobs += [job("j02", 1, 0.0, 60.0, "a"), job("j03", 1, 0.0, 60.0, "a")]
+    jobs += [job("j04", 1, 300.0, 301.0, "a")]
+    result = _replay(jobs, SchedulerConfig(explain=False, max_wait_s=300.0))
+    report = starvation(result.records, max_wait_s=300.0, longest_limit_s=301.0, grace_s=30.0)
+    assert report.violations == 0, report
+    start = {r.job_id: r.segments[0].start_s for r in result.records}
+    assert start["f01"] <= 631.0
+
+
+def test_a_teams_older_gang_within_its_guarantee_still_takes_a_younger_starving_gangs_room() -> (
+    None
+):
+    # Found the same way on the gang test, on the rule's second version (no job of the team
+    # took it): b's 16-GPU f07 (borrowing) sets aside a node at 600 s; b's older 8-GPU f05,
+    # within b's guarantee and first in b's queue, must still take it at once (bound 1: 90
+    # s; it waited 91 s for another node).
+    jobs = [job("f00", 8, 0.0, 456.0, "b")]
+    jobs += [job(f"f{i:02d}", 8, 0.0, 300.0, "b") for i in range(1, 7)]
+    jobs += [job("f07", 16, 0.0, 300.0, "b")]
+    jobs += [job(f"j{i:02d}", 8, 0.0, 60.0, "a") for i in (1, 2, 3, 5)]
+    jobs += [job("j04", 8, 0.0, 631.0, "a"), job("j00", 8, 301.0, 145.0, "a")]
+    jobs.sort(key=lambda j: j.submit_s)
+    _check_gang_guarantee(jobs, 600.0)
