@@ -339,7 +339,9 @@ def _set_aside(
     released_on: set[int] | None = None,
 ) -> Reservation:
     """The reservation of ``placement`` (free now, taken out of ``index``) and ``released``
-    (the slices coming free by ``at``; ``released_on``: their nodes, when the caller knows)."""
+    (the slices coming free by ``at``; ``released_on``: their nodes, when the caller knows).
+    ``pool``: the pool it waits in (a placement of more than one pool counts each slice in
+    its own)."""
     kept: list[Slice] = []
     by_node: dict[tuple[Pool, int], int] = {}
     if released_on is not None:
@@ -347,13 +349,16 @@ def _set_aside(
     else:
         node_of = index.shape.slice_node
         nodes = {node_of[s.id] for s in released}
+    pool_of = index.shape.slice_pool
     for node, items in placement:
         for item in items:
             index.remove(item, team)
             kept.append(item)
-            by_node[(pool, node)] = by_node.get((pool, node), 0) + 1
+            key = (pool_of[item.id], node)
+            by_node[key] = by_node.get(key, 0) + 1
         nodes.add(node)
-    return Reservation(job_id, at, kept, frozenset(nodes), frozenset([pool]), by_node)
+    pools = frozenset([pool, *(p for p, _ in by_node)])
+    return Reservation(job_id, at, kept, frozenset(nodes), pools, by_node)
 
 
 def hold_now(
@@ -361,17 +366,8 @@ def hold_now(
 ) -> Reservation:
     """The reservation of a job that fits now: ``placement``'s slices taken out of ``index``
     and set aside, starting ``now`` (so no other job may use them: none ends by then)."""
-    pool_of = index.shape.slice_pool
-    kept: list[Slice] = []
-    by_node: dict[tuple[Pool, int], int] = {}
-    for node, items in placement:
-        for item in items:
-            index.remove(item, team)
-            kept.append(item)
-            key = (pool_of[item.id], node)
-            by_node[key] = by_node.get(key, 0) + 1
-    nodes = frozenset(node for node, _ in placement)
-    return Reservation(job_id, now, kept, nodes, frozenset(p for p, _ in by_node), by_node)
+    pool = index.shape.slice_pool[placement[0][1][0].id]
+    return _set_aside(index, job_id, now, pool, placement, team, [], set())
 
 
 def _reserve_unknown(

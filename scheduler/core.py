@@ -56,7 +56,6 @@ from scheduler.model import (
 )
 from scheduler.nominate import InSubmitOrder, Nominator
 from scheduler.order import (
-    AgeKey,
     Candidate,
     FairShare,
     FairShareRules,
@@ -197,10 +196,9 @@ class Cycle:
         self.round_reservations = [0, 0]
         self.first_round = False
         self.starving = False  # the round of jobs past ``max_wait_s`` (FairShareRules)
-        # What the starving jobs that borrow set aside before the first rounds, by job id,
-        # until their round reaches them (``reserve_early``), and their teams and ages.
-        self.early: dict[str, Reservation] = {}
-        self.early_owners: dict[str, tuple[str, AgeKey]] = {}
+        # What the starving jobs that borrow set aside before the first rounds, with each
+        # job, by job id, until their round reaches them (``reserve_early``).
+        self.early: dict[str, tuple[Reservation, Candidate]] = {}
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
         # seen to need (``_defer_team``).
@@ -380,7 +378,7 @@ class Cycle:
         if self.early and self.starving:
             kept = self.early.pop(job.id, None)
             if kept is not None:
-                self._let_go(kept)  # its own slices back, for its turn
+                self._let_go(kept[0])  # its own slices back, for its turn
         if job.array:
             # Its array runs as many members as it may: the array's own limit, not a
             # shortage, so it neither preempts nor reserves (and is never remembered as a
@@ -402,6 +400,10 @@ class Cycle:
             return
         cap = _cap(c, allowed)
         placement = self._place(c, cap)
+        if placement is None and self.early and self.first_round:
+            # A guarantee comes first: what the starving jobs set aside before the round,
+            # rather than nothing or a reclaim.
+            placement = self._place(c, cap, early=True)
         if placement is not None:
             if placement:
                 self._assign(c, placement)
@@ -430,19 +432,19 @@ class Cycle:
         """Best-fit slices for ``c``, taken from the index; [] when they break a limit;
         None when nothing fits. Set-aside slices of a reservation are offered only to jobs
         that end before it (``early``: and those the starving jobs set aside before the
-        first rounds, to any job but the younger ones of its own team: a team's younger
-        work does not take the room its older job waits for)."""
+        first rounds, to any job but the younger ones of its team: a team's younger work
+        does not take the room its older job waits for)."""
         index = self.index
         job = c.job
         free = index.total_free(c.pools)
         usable: list[Reservation] = []
         latest, limit = self.aside_latest, job.time_limit_s
         if early:
-            owners = self.early_owners
             usable = [
                 r
-                for job_id, r in self.early.items()
-                if not r.pools.isdisjoint(c.pools) and not _younger_mate(c, *owners[job_id])
+                for r, owner in self.early.values()
+                if not r.pools.isdisjoint(c.pools)
+                and (owner.job.team != job.team or c.age < owner.age)
             ]
             usable += [r for r in self._usable_reservations(c) if r.job_id not in self.early]
             free += sum(len(r.set_aside) for r in usable)
@@ -479,8 +481,8 @@ class Cycle:
         """Before the first rounds: for each starving job that would borrow, oldest first,
         set aside the free slices it would take now, or those its reservation would. Work
         within guarantees takes them only when it fits nowhere else, and never a team's
-        younger work from its older job (``take_early``); each job gets its own back when
-        its round reaches it (``admit``), where it is placed or reserved as before. So the
+        younger work from its older job (``_place``, from ``admit``); each job gets its own
+        back when its round reaches it (``admit``), where it is placed or reserved as before. So the
         room a long-waiting job gathers is not taken from it, pass after pass, by work that
         had somewhere else to go."""
         index = self.index
@@ -514,36 +516,18 @@ class Cycle:
                     multi_node=multi_node,
                 )
             if reservation.set_aside:
-                self.early[job.id] = reservation
-                self.early_owners[job.id] = (job.team, c.age)
+                self.early[job.id] = (reservation, c)
                 self.reservations.append(reservation)
                 self._add_aside(reservation)
         if self.early:
             self.memo.changed_all()
 
-    def take_early(self, c: Candidate) -> bool:
-        """``c``, in a first round, fits nowhere: a guarantee comes first, so it may take
-        what the starving jobs set aside before the round (but a younger job what its own
-        team's older job did), before it would reclaim anything."""
-        if not self.early or not self.first_round:
-            return False
-        allowed = room(c, self.ledger)
-        if isinstance(allowed, tuple):
-            return False
-        cap = _cap(c, allowed)
-        placement = self._place(c, cap, early=True)
-        if placement is None:
-            return False
-        if placement:
-            self._assign(c, placement)
-        return True
-
     def let_go_early(self) -> None:
         """What the starving jobs set aside before the first rounds and their round did not
         take back (a job it never reached) goes back to the pass."""
-        for kept in self.early.values():
-            self._let_go(kept)
-        self.early, self.early_owners = {}, {}
+        for reservation, _ in self.early.values():
+            self._let_go(reservation)
+        self.early = {}
 
     def _let_go(self, reservation: Reservation) -> None:
         give_back(self.index, reservation)
@@ -745,8 +729,3 @@ class Cycle:
 def _cap(c: Candidate, allowed: float) -> int | None:
     """How many slices the units ``allowed`` leave ``c`` (None: no limit)."""
     return None if allowed == math.inf else int((allowed + EPS) / c.unit)
-
-
-def _younger_mate(c: Candidate, team: str, age: AgeKey) -> bool:
-    """``c`` is of ``team`` and queued after the job of ``age``."""
-    return c.job.team == team and c.age > age

@@ -644,7 +644,7 @@ class FairShareRules:
         return record
 
     def blocked(self, cycle: Cycle, c: Candidate) -> bool:
-        if cycle.take_early(c) or cycle.preempt_for(c):
+        if cycle.preempt_for(c):
             return True
         if cycle.starving:
             return cycle.reserve(c, starving=True)

@@ -232,9 +232,7 @@ def test_a_teams_younger_jobs_leave_its_starving_gang_the_room_it_set_aside() ->
     assert start["f01"] <= 631.0
 
 
-def test_a_teams_older_gang_within_its_guarantee_still_takes_a_younger_starving_gangs_room() -> (
-    None
-):
+def test_an_older_gang_of_the_team_still_takes_a_younger_starving_gangs_room() -> None:
     # Found the same way on the gang test, on the rule's second version (no job of the team
     # took it): b's 16-GPU f07 (borrowing) sets aside a node at 600 s; b's older 8-GPU f05,
     # within b's guarantee and first in b's queue, must still take it at once (bound 1: 90
