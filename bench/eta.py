@@ -227,6 +227,7 @@ def starvation_report(
             max_wait_s=config.max_wait_s,
             longest_limit_s=longest_limit_s,
             grace_s=config.grace_period_s,
+            guarantees=guarantees,
         )
         out["max_wait"] = {
             "max_wait_s": starved.max_wait_s,
@@ -235,6 +236,8 @@ def starvation_report(
             "its_bound_s": round(starved.worst_bound_s, 1),
             "worst_wait_over_bound": round(starved.worst_ratio, 4),
             "over_bound": starved.violations,
+            # bounds counted from a later start of another team's work within its guarantee
+            "deferred_by_guarantees": starved.deferred,
         }
     return out
 
@@ -276,7 +279,9 @@ def render_calibration(result: dict[str, Any]) -> str:
                 f"  durations {mode:<6}: {m['starved_jobs']} jobs waited past "
                 f"{m['max_wait_s'] / 86400:.0f} d; worst {m['worst_wait_s'] / 3600:.1f} h against "
                 f"its bound {m['its_bound_s'] / 3600:.1f} h; highest wait / bound "
-                f"{m['worst_wait_over_bound']:.2f} ({m['over_bound']} over)"
+                f"{m['worst_wait_over_bound']:.2f} ({m['over_bound']} over; "
+                f"{m['deferred_by_guarantees']} counted from a later start of another team's "
+                "work within its guarantee)"
             )
     return "\n".join(lines)
 

@@ -201,6 +201,27 @@ def reserve(
     return _reserve_unknown(index, job_id, pools, team, need, multi_node)
 
 
+def target_nodes(
+    index: FreeIndex,
+    timeline: Timeline,
+    *,
+    pools: Sequence[Pool],
+    team: str,
+    need: int,
+    multi_node: bool,
+) -> frozenset[int]:
+    """The nodes a reservation of ``need`` would gather its room on (``reserve``), without
+    setting anything aside; empty when no known end makes room."""
+    best = _first_fit(index, timeline, pools, team, need, multi_node)
+    if best is None:
+        return frozenset()
+    _, node, _, released = best
+    if node >= 0:
+        return frozenset([node])
+    node_of = index.shape.slice_node
+    return frozenset(node_of[s.id] for s in released)
+
+
 def earliest_fit(
     index: FreeIndex,
     timeline: Timeline,

@@ -25,6 +25,7 @@ key (age, then job id; node name; slice id).
 
 from __future__ import annotations
 
+import bisect
 import gc
 import math
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,7 @@ from scheduler.backfill import (
     hold_now,
     reserve,
     set_aside_again,
+    target_nodes,
 )
 from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
@@ -56,6 +58,7 @@ from scheduler.model import (
 )
 from scheduler.nominate import InSubmitOrder, Nominator
 from scheduler.order import (
+    AgeKey,
     Candidate,
     FairShare,
     FairShareRules,
@@ -199,6 +202,10 @@ class Cycle:
         # What the starving jobs that borrow set aside before the first rounds, with each
         # job, by job id, until their round reaches them (``reserve_early``).
         self.early: dict[str, tuple[Reservation, Candidate]] = {}
+        # Per team, the ages of its starving jobs that would borrow, oldest first, and the
+        # nodes where each and the ones before it gather their room, until the starving round
+        # (``reserve_early``, ``_gathering``).
+        self.gathering: dict[str, tuple[list[AgeKey], list[frozenset[int]]]] = {}
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
         # seen to need (``_defer_team``).
@@ -402,7 +409,7 @@ class Cycle:
         placement = self._place(c, cap)
         if placement is None and self.early and self.first_round:
             # A guarantee comes first: what the starving jobs set aside before the round,
-            # rather than nothing or a reclaim.
+            # rather than nothing or a reclaim (``_early_for``).
             placement = self._place(c, cap, early=True)
         if placement is not None:
             if placement:
@@ -432,20 +439,14 @@ class Cycle:
         """Best-fit slices for ``c``, taken from the index; [] when they break a limit;
         None when nothing fits. Set-aside slices of a reservation are offered only to jobs
         that end before it (``early``: and those the starving jobs set aside before the
-        first rounds, to any job but the younger ones of its team: a team's younger work
-        does not take the room its older job waits for)."""
+        first rounds, ``_early_for``)."""
         index = self.index
         job = c.job
         free = index.total_free(c.pools)
         usable: list[Reservation] = []
         latest, limit = self.aside_latest, job.time_limit_s
         if early:
-            usable = [
-                r
-                for r, owner in self.early.values()
-                if not r.pools.isdisjoint(c.pools)
-                and (owner.job.team != job.team or c.age < owner.age)
-            ]
+            usable = self._early_for(c)
             usable += [r for r in self._usable_reservations(c) if r.job_id not in self.early]
             free += sum(len(r.set_aside) for r in usable)
         # Set-aside slices only for a job that ends by the latest start among them, and only
@@ -484,14 +485,33 @@ class Cycle:
         younger work from its older job (``_place``, from ``admit``); each job gets its own
         back when its round reaches it (``admit``), where it is placed or reserved as before. So the
         room a long-waiting job gathers is not taken from it, pass after pass, by work that
-        had somewhere else to go."""
+        had somewhere else to go. Where each gathers its room, set aside or not (nothing
+        free), is noted for its team's younger work not to free by reclaim (``_gathering``)."""
         index = self.index
+        # Where a job finds nothing free, where it would gather its room depends on its
+        # shape alone: nothing of its pools is free (whole GPUs and MIG: no team's own), and
+        # the running jobs' ends do not change here.
+        by_shape: dict[tuple[tuple[Pool, ...], int, bool], frozenset[int]] = {}
         for c in jobs:
-            if not index.total_free(c.pools):
-                continue  # (the common case on a full cluster: nothing to set aside)
             if any(pool[0] is SliceKind.MPS for pool in c.pools):
                 continue  # (shares cannot be put back: ``give_back``)
             job = c.job
+            multi_node = job.request.multi_node
+            if not index.total_free(c.pools):
+                # (the common case on a full cluster: nothing to set aside)
+                shape = (tuple(c.pools), c.minimum, multi_node)
+                nodes = by_shape.get(shape)
+                if nodes is None:
+                    nodes = by_shape[shape] = target_nodes(
+                        index,
+                        self.timeline,
+                        pools=c.pools,
+                        team=job.team,
+                        need=c.minimum,
+                        multi_node=multi_node,
+                    )
+                self._gather(c, nodes)
+                continue
             c.team = self.teams.get(job.team) or self.team(job.team)
             if job.array and self.arrays.blocked(job) is not None:
                 continue
@@ -499,7 +519,6 @@ class Cycle:
             if isinstance(allowed, tuple):
                 continue
             cap = _cap(c, allowed)
-            multi_node = job.request.multi_node
             placement = index.find(c.pools, job.team, c.minimum, c.count, multi_node, cap=cap)
             if placement is not None:
                 if over_limit(c, placement, self.ledger) is not None:
@@ -519,15 +538,22 @@ class Cycle:
                 self.early[job.id] = (reservation, c)
                 self.reservations.append(reservation)
                 self._add_aside(reservation)
+            self._gather(c, reservation.nodes)
         if self.early:
             self.memo.changed_all()
+
+    def _gather(self, c: Candidate, nodes: frozenset[int]) -> None:
+        """Note where ``c`` gathers its room, with its team's older starving jobs' nodes."""
+        ages, gathered = self.gathering.setdefault(c.job.team, ([], []))
+        ages.append(c.age)
+        gathered.append(gathered[-1] | nodes if gathered else nodes)
 
     def let_go_early(self) -> None:
         """What the starving jobs set aside before the first rounds and their round did not
         take back (a job it never reached) goes back to the pass."""
         for reservation, _ in self.early.values():
             self._let_go(reservation)
-        self.early = {}
+        self.early, self.gathering = {}, {}
 
     def _let_go(self, reservation: Reservation) -> None:
         give_back(self.index, reservation)
@@ -536,6 +562,28 @@ class Cycle:
         self._count_aside()
         self.timeline.forget_sweeps()  # free slices came back
         self.memo.changed_all()
+
+    def _early_for(self, c: Candidate) -> list[Reservation]:
+        """What the starving jobs set aside before the first rounds that ``c`` may take when
+        nothing else makes room (to place it or, failing that, to reserve for it): all but
+        what its team's older jobs set aside (a team's younger work does not take the room
+        its older job waits for)."""
+        return [
+            r
+            for r, owner in self.early.values()
+            if not r.pools.isdisjoint(c.pools) and not _older_of_team(owner, c)
+        ]
+
+    def _gathering(self, c: Candidate) -> frozenset[int]:
+        """The nodes where the older starving jobs of ``c``'s team that would borrow gather
+        their room: those of what they set aside before the round, or of where they would
+        have, had anything been free (``reserve_early``)."""
+        found = self.gathering.get(c.job.team)
+        if found is None:
+            return frozenset()
+        ages, gathered = found
+        older = bisect.bisect_left(ages, c.age)
+        return gathered[older - 1] if older else frozenset()
 
     def _count_aside(self) -> None:
         """``aside_latest`` and ``aside_by_pool`` from the reservations as they are now."""
@@ -595,7 +643,11 @@ class Cycle:
 
     def preempt_for(self, c: Candidate) -> bool:
         """Preempt for ``c`` if a rule lets it and victims make room; it then waits for them."""
-        victims = self.preemption.victims_for(c, self.ledger)
+        # Not on the nodes where its team's older starving jobs gather room: they would set
+        # the freed slices aside again in the next pass, out of its reach, and the victims,
+        # restarted there, be preempted again (a loop).
+        avoid = self._gathering(c)
+        victims = self.preemption.victims_for(c, self.ledger, avoid)
         if victims is None:
             return False
         self.memo.changed_all()
@@ -614,12 +666,28 @@ class Cycle:
 
     def reserve(self, c: Candidate, *, starving: bool = False) -> bool:
         """Give ``c`` a backfill reservation if its round kind has one left (a starving job
-        always gets one)."""
+        always gets one). In a first round, what the starving jobs set aside before it is
+        free to the reservation as to a placement (``_early_for``): a guarantee comes first,
+        so their room goes to it, and they keep what it leaves."""
         made = self.round_reservations
         if not starving:
             if made[self.first_round] >= self.config.max_reservations:
                 return False
             made[self.first_round] += 1
+        usable = self._early_for(c) if self.early and self.first_round else []
+        if not usable:
+            return self._reserve(c, starving)
+        back = [give_back(self.index, r) for r in usable]
+        self.timeline.forget_sweeps()  # free slices came back
+        try:
+            return self._reserve(c, starving)
+        finally:
+            for reservation, returned in zip(usable, back, strict=True):
+                set_aside_again(self.index, reservation, returned)
+            self._count_aside()
+            self.timeline.forget_sweeps()
+
+    def _reserve(self, c: Candidate, starving: bool) -> bool:
         job = c.job
         if not self.listing and not self.index.total_free(c.pools):
             # Nothing of its pools is free, so it would set nothing aside: its start time
@@ -724,6 +792,12 @@ class Cycle:
                 aging_per_hour=self.config.aging_per_hour,
             ),
         )
+
+
+def _older_of_team(owner: Candidate, c: Candidate) -> bool:
+    """``owner`` is an older job of ``c``'s team: the room it set aside before the first
+    rounds is not for ``c`` (``Cycle.reserve_early``)."""
+    return owner.job.team == c.job.team and owner.age < c.age
 
 
 def _cap(c: Candidate, allowed: float) -> int | None:

@@ -114,11 +114,14 @@ class Preemption:
         # Started before this: run too long to lose to a reclaim (``reclaim_max_run_s``).
         self._protected = -math.inf if limit is None else now - limit
 
-    def victims_for(self, c: Candidate, ledger: Ledger) -> list[tuple[Holder, str]] | None:
+    def victims_for(
+        self, c: Candidate, ledger: Ledger, avoid: frozenset[int] = frozenset()
+    ) -> list[tuple[Holder, str]] | None:
         """Victims that make room for ``c``, each with why ("reclaim" or "priority"); [] when
         slices already freeing soon make the room; None when no rule lets ``c`` preempt or
         no victims would make room, or when ``c`` waits for room instead
-        (``waiting_after``)."""
+        (``waiting_after``). Nothing on the nodes ``avoid`` names is taken or claimed for it:
+        what it would free there is not ``c``'s to take (``Cycle.preempt_for``)."""
         self.waiting_after = None
         config, job = self._config, c.job
         reclaim = config.reclaim and within_guarantee(c, ledger.team.get(job.team, 0.0))
@@ -134,7 +137,7 @@ class Preemption:
                 min_run_time_s=config.min_run_time_s,
             )
         multi_node = job.request.multi_node
-        if preemptor.claim_soon(c.pools, job.team, c.minimum, multi_node) is not None:
+        if preemptor.claim_soon(c.pools, job.team, c.minimum, multi_node, avoid) is not None:
             return []
         teams, protected = self._teams, self._protected
 
@@ -164,11 +167,11 @@ class Preemption:
                 return not holder.oversized and eligible(holder, held)
 
             found = preemptor.find(
-                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may, multi_node
+                c.pools, job.team, c.minimum, fits_guarantee, kept, team_may, multi_node, avoid
             )
         if found is None:
             found = preemptor.find(
-                c.pools, job.team, c.minimum, eligible, kept, team_may, multi_node
+                c.pools, job.team, c.minimum, eligible, kept, team_may, multi_node, avoid
             )
             if found is None:
                 return None
@@ -177,7 +180,7 @@ class Preemption:
                 if self.waiting_after is not None:
                     return None
         pool, victims = found
-        preemptor.commit(pool, job.team, c.minimum, victims, multi_node)
+        preemptor.commit(pool, job.team, c.minimum, victims, multi_node, avoid)
         return [
             (victim, "reclaim" if reclaim and victim.team != job.team else "priority")
             for victim in victims
@@ -292,7 +295,12 @@ class Preemptor:
                 by_team.setdefault(holder.team, []).append((order, node, count, holder))
 
     def claim_soon(
-        self, pools: Sequence[Pool], team: str, need: int, multi_node: bool = False
+        self,
+        pools: Sequence[Pool],
+        team: str,
+        need: int,
+        multi_node: bool = False,
+        avoid: frozenset[int] = frozenset(),
     ) -> list[Slice] | None:
         """Slices freeing soon that, with the free ones, fit ``need`` on one node (or, for a
         multi-node gang that fits no node, over the nodes of one pool).
@@ -304,13 +312,13 @@ class Preemptor:
         best: tuple[int, Pool, int] | None = None
         for pool in pools:
             for node, items in self.soon.get(pool, {}).items():
-                if not items:
+                if not items or node in avoid:
                     continue
                 fits = self._index.node_free(pool, team, node) + len(items) >= need
                 if fits and (best is None or (len(items), node) < (best[0], best[2])):
                     best = (len(items), pool, node)
         if best is None:
-            return self._claim_spread(pools, team, need) if multi_node else None
+            return self._claim_spread(pools, team, need, avoid) if multi_node else None
         _, pool, node = best
         index = self._index
         missing = need - index.node_free(pool, team, node)
@@ -321,7 +329,9 @@ class Preemptor:
             index.take([(node, index.pick(pool, team, node, kept))], team)
         return claimed
 
-    def _claim_spread(self, pools: Sequence[Pool], team: str, need: int) -> list[Slice] | None:
+    def _claim_spread(
+        self, pools: Sequence[Pool], team: str, need: int, avoid: frozenset[int]
+    ) -> list[Slice] | None:
         """A multi-node gang: slices freeing soon on any nodes of one pool that, with the free
         ones there, make ``need`` (MPS shares are never claimed across nodes)."""
         index = self._index
@@ -330,10 +340,11 @@ class Preemptor:
             if pool[0] is SliceKind.MPS or not by_node:
                 continue
             free = index.total_free((pool,))
-            if free + sum(len(items) for items in by_node.values()) < need:
+            nodes = sorted(node for node in by_node if node not in avoid)
+            if free + sum(len(by_node[node]) for node in nodes) < need:
                 continue
             claimed: list[Slice] = []
-            for node in sorted(by_node):
+            for node in nodes:
                 missing = need - free - len(claimed)
                 if missing <= 0:
                     break
@@ -354,6 +365,7 @@ class Preemptor:
         team_units: dict[str, float],
         team_may: TeamMay | None = None,
         multi_node: bool = False,
+        avoid: frozenset[int] = frozenset(),
     ) -> tuple[Pool, list[Holder]] | None:
         """Victims on one node that, with its free and freeing slices, fit ``need``: the pool
         and the victims, not yet taken (``commit`` takes them). A multi-node gang that no
@@ -365,14 +377,14 @@ class Preemptor:
         few of them.
         """
         for pool in pools:
-            found = self._walk(pool, team, need, eligible, team_units, team_may)
+            found = self._walk(pool, team, need, eligible, team_units, team_may, avoid)
             if found is not None:
                 return pool, found
         if multi_node:
             for pool in pools:
                 if pool[0] is SliceKind.MPS:
                     continue
-                spread = self._walk_spread(pool, need, eligible, team_units, team_may)
+                spread = self._walk_spread(pool, need, eligible, team_units, team_may, avoid)
                 if spread is not None:
                     return pool, spread
         return None
@@ -391,8 +403,10 @@ class Preemptor:
         eligible: Eligible,
         team_units: dict[str, float],
         team_may: TeamMay | None,
+        avoid: frozenset[int],
     ) -> list[Holder] | None:
         slice_pool = self._index.shape.slice_pool
+        node_of = self._index.shape.slice_node
         have = self._index.total_free((pool,))
         have += sum(len(items) for items in self.soon.get(pool, {}).values())
         picked: list[Holder] = []
@@ -400,6 +414,8 @@ class Preemptor:
         removed: dict[str, float] = {}  # units picked per team
         for _, _, _, holder in self._merged(pool, team_may):
             if holder.chosen or id(holder) in taken:
+                continue
+            if avoid and any(node_of[item.id] in avoid for item in holder.slices):
                 continue
             gone = removed.get(holder.team, 0.0)
             if not eligible(holder, team_units.get(holder.team, 0.0) - gone):
@@ -420,6 +436,7 @@ class Preemptor:
         eligible: Eligible,
         team_units: dict[str, float],
         team_may: TeamMay | None,
+        avoid: frozenset[int],
     ) -> list[Holder] | None:
         walk = self._merged(pool, team_may)
         have: dict[int, int] = {}
@@ -428,7 +445,7 @@ class Preemptor:
         index = self._index
         soon = self.soon.get(pool, {})
         for _, node, count, holder in walk:
-            if holder.chosen:
+            if holder.chosen or node in avoid:
                 continue
             if node not in have:
                 have[node] = index.node_free(pool, team, node) + len(soon.get(node, ()))
@@ -443,7 +460,13 @@ class Preemptor:
         return None
 
     def commit(
-        self, pool: Pool, team: str, need: int, victims: list[Holder], multi_node: bool = False
+        self,
+        pool: Pool,
+        team: str,
+        need: int,
+        victims: list[Holder],
+        multi_node: bool = False,
+        avoid: frozenset[int] = frozenset(),
     ) -> Choice:
         """Take the victims ``find`` named: their slices free soon, claimed for ``team``."""
         node_of = self._index.shape.slice_node
@@ -453,7 +476,7 @@ class Preemptor:
                 if item.kind is not SliceKind.MPS:
                     by_node = self.soon.setdefault(self._index.shape.slice_pool[item.id], {})
                     by_node.setdefault(node_of[item.id], []).append(item)
-        claimed = self.claim_soon([pool], team, need, multi_node) or []
+        claimed = self.claim_soon([pool], team, need, multi_node, avoid) or []
         return Choice(victims, claimed)
 
 

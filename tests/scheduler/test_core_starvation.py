@@ -277,3 +277,48 @@ def test_a_teams_younger_work_leaves_its_own_starving_job_the_room_it_gathers() 
     older = [job("old", "b", count=2, at=0.0), job("b0", "b", at=-1.0)]
     decisions = decide(snapshot(nodes, older, held, teams=teams), now=WEEK + 10.0)
     assert placed(decisions) == {"b0": ("n0-g1",)}
+
+
+def test_a_teams_younger_work_reclaims_away_from_the_node_its_starving_job_gathers_room_on() -> (
+    None
+):
+    # "old" (team b, 2 GPUs, borrowing) gathers its room on n0: n0-g1 is free and y's v0 on
+    # n0-g0 ends first (its limit). b1, b's younger job within b's guarantee, may not take
+    # n0-g1; it reclaims y's borrowed work, but not v0, the first victim by order (the most
+    # recently started):
+    # what v0 frees would go to "old" in the next pass, out of b1's reach, and v0, requeued,
+    # would start there again and be preempted again (a loop the random bound-2 traces
+    # showed). It takes v1 on n1 instead.
+    nodes = [whole_node("n0", gpus=2), whole_node("n1", gpus=2)]
+    held = [
+        running(job("v0", "y", limit=WEEK + 2000.0), ["n0-g0"], started=WEEK - 100.0),
+        running(job("v1", "y", limit=30 * DAY), ["n1-g0"], started=WEEK - 1000.0),
+        running(job("r1", "x", limit=30 * DAY), ["n1-g1"], started=0.0),
+    ]
+    teams = [Team("b", guaranteed=1.0), Team("x", guaranteed=2.0), Team("y", guaranteed=1.0)]
+    pending = [job("old", "b", count=2, at=0.0), job("b1", "b", at=WEEK)]
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert [(p.job_id, p.for_job_id) for p in decisions.preempt] == [("v1", "b1")]
+    assert codes(decisions) == {"old": "RESERVED", "b1": "WAITING_FOR_PREEMPTION"}
+    # With only v0 to reclaim (v1 is x's, within x's guarantee), b1 waits: it is not the head
+    # of b's queue ("old" is).
+    held[1] = running(job("v1", "x", limit=30 * DAY), ["n1-g0"], started=0.0)
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert decisions.preempt == ()
+    assert codes(decisions) == {"old": "RESERVED", "b1": "RESERVED"}
+
+
+def test_a_starving_job_within_its_guarantee_reserves_what_borrowing_ones_set_aside() -> None:
+    # "yold" (team y, borrowing) starves longest and sets aside n0-g1 before the first rounds,
+    # for n0 when r0 ends. "bold" (team b, within its guarantee, starving too) goes first of
+    # all: its reservation takes that room (a guarantee comes first), where it used to find
+    # nothing free and wait for an unknown time while later work took the room.
+    nodes, held = _half_free_nodes()
+    held.append(running(job("r2", "x", limit=30 * DAY), ["n1-g0"], started=0.0))
+    teams = [Team("b", guaranteed=2.0), Team("x", guaranteed=2.0), Team("y", guaranteed=0.0)]
+    pending = [job("yold", "y", count=2, at=0.0), job("bold", "b", count=2, at=1.0)]
+    decisions = decide(snapshot(nodes, pending, held, teams=teams), now=WEEK + 10.0)
+    assert placed(decisions) == {}
+    reasons = {p.job_id: p.reason.numbers for p in decisions.pending}
+    assert reasons["bold"]["at"] == WEEK + 2000.0
+    assert reasons["yold"]["at"] == 30 * DAY  # n1, when r1 and r2 end

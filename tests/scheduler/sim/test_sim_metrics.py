@@ -14,6 +14,7 @@ from scheduler.sim.metrics import (
     per_team,
     percentile,
     sharing_incentive,
+    starvation,
     summarise,
     water_fill,
 )
@@ -162,3 +163,47 @@ def test_a_wait_over_bound_one_that_reclaim_could_have_ended_is_a_violation() ->
     assert _overruns(1000.0, reclaim_max_run_s=3000.0) == GuaranteeOverrun(
         over=1, protected=0, worst_unprotected_s=3000.0
     )
+
+
+# Bound 2 (docs/scheduling.md#starvation): max wait 100 s, longest limit 50 s, no grace, so a
+# job that starves alone starts within 100 + 50 = 150 s of its submit, unless another team's
+# work within its guarantee started later, while it would borrow: then within 50 s of that.
+def _bound2(*records, guarantees):  # noqa: ANN002, ANN202 - records, Starvation
+    return starvation(
+        records, max_wait_s=100.0, longest_limit_s=50.0, grace_s=0.0, guarantees=guarantees
+    )
+
+
+def test_bound_2_counts_from_the_last_start_of_other_work_within_its_guarantee() -> None:
+    # j (team b, no guarantee: it borrows) starts at 240. a's x started at 200 within a's
+    # guarantee of 1: j's bound runs from 200, so 250; without a guarantee for a, 150.
+    j = record("j", 1, 0.0, 10.0, (240.0, 250.0, False), tenant="b")
+    x = record("x", 1, 190.0, 60.0, (200.0, 260.0, False), tenant="a")
+    report = _bound2(j, x, guarantees={"a": 1.0})
+    assert (report.starved, report.violations, report.deferred) == (1, 0, 1)
+    assert report.worst_bound_s == 250.0
+    assert _bound2(j, x, guarantees={}).violations == 1
+    assert _bound2(j, x, guarantees={}).worst_bound_s == 150.0
+
+
+def test_bound_2_is_not_moved_by_borrowing_work_own_team_work_or_a_job_within_its_own() -> None:
+    j = record("j", 1, 0.0, 10.0, (240.0, 250.0, False), tenant="b")
+    # a holds y too when x starts: 2 units against its guarantee of 1, so x borrowed.
+    x = record("x", 1, 190.0, 60.0, (200.0, 260.0, False), tenant="a")
+    y = record("y", 1, 0.0, 400.0, (0.0, 400.0, False), tenant="a")
+    assert _bound2(j, x, y, guarantees={"a": 1.0}).violations == 1
+    # The same start by j's own team (b, guarantee 1): the older work of its own team is
+    # counted in k, not here.
+    xb = record("x", 1, 190.0, 60.0, (200.0, 260.0, False), tenant="b")
+    assert _bound2(j, xb, guarantees={"b": 1.0}).violations == 1
+    # j would not have borrowed when x started (b's guarantee of 1 held j): not moved.
+    assert _bound2(j, x, guarantees={"a": 1.0, "b": 1.0}).violations == 1
+
+
+def test_bound_2_counts_jobs_started_together_as_within_their_guarantee_each() -> None:
+    # a's x1 and x2 start together at 200 with a's guarantee of 1: which went first, the
+    # records do not say, so either may have been within it; j's bound moves to 250.
+    j = record("j", 1, 0.0, 10.0, (240.0, 250.0, False), tenant="b")
+    x1 = record("x1", 1, 190.0, 60.0, (200.0, 260.0, False), tenant="a")
+    x2 = record("x2", 1, 190.0, 60.0, (200.0, 260.0, False), tenant="a")
+    assert _bound2(j, x1, x2, guarantees={"a": 1.0}).violations == 0
