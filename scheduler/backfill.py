@@ -201,7 +201,7 @@ def reserve(
     return _reserve_unknown(index, job_id, pools, team, need, multi_node)
 
 
-def target_nodes(
+def earliest_room(
     index: FreeIndex,
     timeline: Timeline,
     *,
@@ -209,32 +209,19 @@ def target_nodes(
     team: str,
     need: int,
     multi_node: bool,
-) -> frozenset[int]:
-    """The nodes a reservation of ``need`` would gather its room on (``reserve``), without
-    setting anything aside; empty when no known end makes room."""
+) -> tuple[float, frozenset[int]] | None:
+    """When ``need`` slices of one of ``pools`` first fit (on one node unless ``multi_node``)
+    as the running jobs reach their time limits, and the nodes a reservation would gather
+    them on (``reserve``), without setting anything aside; None when no known end makes
+    room."""
     best = _first_fit(index, timeline, pools, team, need, multi_node)
     if best is None:
-        return frozenset()
-    _, node, _, released = best
+        return None
+    at, node, _, released = best
     if node >= 0:
-        return frozenset([node])
+        return at, frozenset([node])
     node_of = index.shape.slice_node
-    return frozenset(node_of[s.id] for s in released)
-
-
-def earliest_fit(
-    index: FreeIndex,
-    timeline: Timeline,
-    *,
-    pools: Sequence[Pool],
-    team: str,
-    need: int,
-    multi_node: bool,
-) -> float | None:
-    """When ``need`` slices of one of ``pools`` first fit (on one node unless ``multi_node``)
-    as the running jobs reach their time limits; None when no known end makes room."""
-    best = _first_fit(index, timeline, pools, team, need, multi_node)
-    return None if best is None else best[0]
+    return at, frozenset(node_of[s.id] for s in released)
 
 
 def _first_fit(

@@ -35,11 +35,11 @@ from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import (
     Reservation,
     Timeline,
+    earliest_room,
     give_back,
     hold_now,
     reserve,
     set_aside_again,
-    target_nodes,
 )
 from scheduler.baselines import Fifo
 from scheduler.cluster import FreeIndex, Placement, Pool, shape_of
@@ -203,8 +203,8 @@ class Cycle:
         # job, by job id, until their round reaches them (``reserve_early``).
         self.early: dict[str, tuple[Reservation, Candidate]] = {}
         # Per team, the ages of its starving jobs that would borrow, oldest first, and the
-        # nodes where each and the ones before it gather their room, until the starving round
-        # (``reserve_early``, ``_gathering``).
+        # nodes where each gathers its room, until the starving round (``reserve_early``,
+        # ``_gathering``).
         self.gathering: dict[str, tuple[list[AgeKey], list[frozenset[int]]]] = {}
         self.deferred: list[Candidate] = []  # first-round jobs that would borrow after all
         # Per team of the round, the fewest units any of its jobs still in the round was
@@ -502,7 +502,7 @@ class Cycle:
                 shape = (tuple(c.pools), c.minimum, multi_node)
                 nodes = by_shape.get(shape)
                 if nodes is None:
-                    nodes = by_shape[shape] = target_nodes(
+                    found = earliest_room(
                         index,
                         self.timeline,
                         pools=c.pools,
@@ -510,6 +510,7 @@ class Cycle:
                         need=c.minimum,
                         multi_node=multi_node,
                     )
+                    nodes = by_shape[shape] = frozenset() if found is None else found[1]
                 self._gather(c, nodes)
                 continue
             c.team = self.teams.get(job.team) or self.team(job.team)
@@ -543,10 +544,10 @@ class Cycle:
             self.memo.changed_all()
 
     def _gather(self, c: Candidate, nodes: frozenset[int]) -> None:
-        """Note where ``c`` gathers its room, with its team's older starving jobs' nodes."""
+        """Note where ``c`` gathers its room (``_gathering``)."""
         ages, gathered = self.gathering.setdefault(c.job.team, ([], []))
         ages.append(c.age)
-        gathered.append(gathered[-1] | nodes if gathered else nodes)
+        gathered.append(nodes)
 
     def let_go_early(self) -> None:
         """What the starving jobs set aside before the first rounds and their round did not
@@ -582,8 +583,7 @@ class Cycle:
         if found is None:
             return frozenset()
         ages, gathered = found
-        older = bisect.bisect_left(ages, c.age)
-        return gathered[older - 1] if older else frozenset()
+        return frozenset().union(*gathered[: bisect.bisect_left(ages, c.age)])
 
     def _count_aside(self) -> None:
         """``aside_latest`` and ``aside_by_pool`` from the reservations as they are now."""
@@ -675,9 +675,9 @@ class Cycle:
                 return False
             made[self.first_round] += 1
         usable = self._early_for(c) if self.early and self.first_round else []
-        if not usable:
-            return self._reserve(c, starving)
         back = [give_back(self.index, r) for r in usable]
+        if not any(back):
+            return self._reserve(c, starving)
         self.timeline.forget_sweeps()  # free slices came back
         try:
             return self._reserve(c, starving)
