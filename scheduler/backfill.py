@@ -201,7 +201,7 @@ def reserve(
     return _reserve_unknown(index, job_id, pools, team, need, multi_node)
 
 
-def earliest_room(
+def earliest_fit(
     index: FreeIndex,
     timeline: Timeline,
     *,
@@ -209,19 +209,11 @@ def earliest_room(
     team: str,
     need: int,
     multi_node: bool,
-) -> tuple[float, frozenset[int]] | None:
+) -> float | None:
     """When ``need`` slices of one of ``pools`` first fit (on one node unless ``multi_node``)
-    as the running jobs reach their time limits, and the nodes a reservation would gather
-    them on (``reserve``), without setting anything aside; None when no known end makes
-    room."""
+    as the running jobs reach their time limits; None when no known end makes room."""
     best = _first_fit(index, timeline, pools, team, need, multi_node)
-    if best is None:
-        return None
-    at, node, _, released = best
-    if node >= 0:
-        return at, frozenset([node])
-    node_of = index.shape.slice_node
-    return at, frozenset(node_of[s.id] for s in released)
+    return None if best is None else best[0]
 
 
 def _first_fit(

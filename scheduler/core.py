@@ -35,7 +35,6 @@ from scheduler.arrays import ArrayThrottle
 from scheduler.backfill import (
     Reservation,
     Timeline,
-    earliest_room,
     give_back,
     hold_now,
     reserve,
@@ -498,19 +497,12 @@ class Cycle:
             job = c.job
             multi_node = job.request.multi_node
             if not index.total_free(c.pools):
-                # (the common case on a full cluster: nothing to set aside)
+                # (the common case on a full cluster: nothing to set aside, and the
+                # reservation only names its nodes)
                 shape = (tuple(c.pools), c.minimum, multi_node)
                 nodes = by_shape.get(shape)
                 if nodes is None:
-                    found = earliest_room(
-                        index,
-                        self.timeline,
-                        pools=c.pools,
-                        team=job.team,
-                        need=c.minimum,
-                        multi_node=multi_node,
-                    )
-                    nodes = by_shape[shape] = frozenset() if found is None else found[1]
+                    nodes = by_shape[shape] = self._reservation(c).nodes
                 self._gather(c, nodes)
                 continue
             c.team = self.teams.get(job.team) or self.team(job.team)
@@ -526,15 +518,7 @@ class Cycle:
                     continue
                 reservation = hold_now(index, job.id, self.now, placement, job.team)
             else:
-                reservation = reserve(
-                    index,
-                    self.timeline,
-                    job_id=job.id,
-                    pools=c.pools,
-                    team=job.team,
-                    need=c.minimum,
-                    multi_node=multi_node,
-                )
+                reservation = self._reservation(c)
             if reservation.set_aside:
                 self.early[job.id] = (reservation, c)
                 self.reservations.append(reservation)
@@ -688,7 +672,6 @@ class Cycle:
             self.timeline.forget_sweeps()
 
     def _reserve(self, c: Candidate, starving: bool) -> bool:
-        job = c.job
         if not self.listing and not self.index.total_free(c.pools):
             # Nothing of its pools is free, so it would set nothing aside: its start time
             # would only be told (nobody asks, with no pending list), and the sweep of the
@@ -703,15 +686,7 @@ class Cycle:
                 entry.verdict = self._keep_unplaced(c, key, stamp, (entry.code, entry.numbers))
             check_settled(self)
             return True
-        reservation = reserve(
-            self.index,
-            self.timeline,
-            job_id=job.id,
-            pools=c.pools,
-            team=job.team,
-            need=c.minimum,
-            multi_node=job.request.multi_node,
-        )
+        reservation = self._reservation(c)
         self.reservations.append(reservation)
         self._add_aside(reservation)
         numbers: Numbers = {"at": "unknown"}
@@ -723,6 +698,20 @@ class Cycle:
         self.memo.changed_all()
         check_settled(self)
         return True
+
+    def _reservation(self, c: Candidate) -> Reservation:
+        """``c``'s reservation, its set-aside slices taken out of the index (none when
+        nothing of its pools is free: it then only names the nodes it would gather on)."""
+        job = c.job
+        return reserve(
+            self.index,
+            self.timeline,
+            job_id=job.id,
+            pools=c.pools,
+            team=job.team,
+            need=c.minimum,
+            multi_node=job.request.multi_node,
+        )
 
     def block_queue(self, c: Candidate) -> bool:
         """``c`` waits, and every job after it waits behind it (plain FIFO)."""

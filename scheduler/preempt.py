@@ -35,7 +35,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from scheduler.backfill import Timeline, earliest_room
+from scheduler.backfill import Timeline, earliest_fit
 from scheduler.cluster import FreeIndex, Pool
 from scheduler.config import SchedulerConfig
 from scheduler.model import Job, RunningJob, Slice, SliceKind, Team
@@ -201,7 +201,7 @@ class Preemption:
         queued = queued_at(job)
         if queued + patience <= now:
             return None
-        found = earliest_room(
+        at = earliest_fit(
             self._index,
             self._timeline,
             pools=c.pools,
@@ -209,9 +209,9 @@ class Preemption:
             need=c.minimum,
             multi_node=job.request.multi_node,
         )
-        if found is None:
+        if at is None:
             return None
-        room = max(found[0], now)
+        room = max(at, now)
         if queued + patience <= room:
             return None  # its reclaim_wait_s runs out first
         lost = sum(victim.units * (now - victim.run.started_at) for victim in victims)

@@ -587,23 +587,28 @@ def starvation(
     records' segments (whole units per job); without ``guarantees`` no team has one."""
     intervals = {r.job_id: pending_intervals(r) for r in records}
     guarantees = guarantees or {}
-    held = _held_steps(records) if guarantees else {}
-    # What each team started at each time: of jobs started together, the records do not say
-    # which went first, so each counts as within its guarantee if it was with the team's
-    # units from before that time alone.
-    started: dict[tuple[str, float], float] = defaultdict(float)
-    for r in records:
-        for segment in r.segments:
-            started[(r.tenant, segment.start_s)] += r.gpus
+    held: dict[str, tuple[list[float], list[float]]] = {}
     # The starts of jobs within their team's guarantee, in time order: (time, team).
-    within = sorted(
-        (t, r.tenant)
-        for r in records
-        if guarantees.get(r.tenant, 0.0) > 0.0
-        for t in (segment.start_s for segment in r.segments)
-        if _held_at(held, r.tenant, t) - started[(r.tenant, t)] + r.gpus
-        <= guarantees[r.tenant] + _EPSILON
-    )
+    within: list[tuple[float, str]] = []
+    if guarantees:
+        held = _held_steps(records)
+        # What each team started at each time: of jobs started together, the records do not
+        # say which went first, so each counts as within its guarantee if it was with the
+        # team's units from before that time alone.
+        started: dict[tuple[str, float], float] = defaultdict(float)
+        for r in records:
+            for segment in r.segments:
+                started[(r.tenant, segment.start_s)] += r.gpus
+        within = sorted(
+            (segment.start_s, r.tenant)
+            for r in records
+            if guarantees.get(r.tenant, 0.0) > 0.0
+            for segment in r.segments
+            if _held_at(held, r.tenant, segment.start_s)
+            - started[(r.tenant, segment.start_s)]
+            + r.gpus
+            <= guarantees[r.tenant] + _EPSILON
+        )
     times = [t for t, _ in within]
     starved = violations = deferred = 0
     worst = (0.0, 0.0)
